@@ -1,0 +1,49 @@
+# loadout: `make train` and `make test` do all the set-up on a fresh machine. `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DATA ?= data/synthetic
+ARGS ?=
+NPROC ?= 2
+
+.DEFAULT_GOAL := help
+.PHONY: help setup dataset train test test-fast lint test-container torchrun bench tune tensorboard clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed ## Create .venv and install loadout (torch/torchvision pinned in constraints.txt)
+
+$(DATA)/.complete: | $(VENV)/.installed
+	$(PY) scripts/make_dataset.py --out $(DATA)
+
+dataset: $(DATA)/.complete ## Make the embedded default dataset (synthetic JPEG ImageFolder) if missing
+
+train: setup dataset ## Train on the embedded dataset (ARGS="hardware=cpu trainer.epochs=2" to override)
+	$(PY) -m train $(ARGS)
+
+torchrun: setup dataset ## Train with torchrun on this box: make torchrun NPROC=2 ARGS="hardware=cpu trainer.epochs=1"
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m train $(ARGS)
+
+test: setup ## Run the test suite (lint included)
+	$(PY) -m ruff check train scripts tests bench
+	$(PY) -m pytest -q $(ARGS)
+
+test-fast: setup ## Run the tests not marked slow
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+lint: setup ## ruff on the Python sources
+	$(PY) -m ruff check train scripts tests bench
+
+test-container: setup dataset ## Build the image (stand-in base when the real one can't be pulled) and run compose for real
+	bash scripts/test_container.sh
+
+clean: ## Remove outputs/ and multirun/ (keeps .venv and data/)
+	rm -rf outputs multirun

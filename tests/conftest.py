@@ -1,0 +1,58 @@
+"""Shared fixtures: a small real JPEG ImageFolder, Hydra composition, and the CLI run in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from train.config import register
+from train.data.synthetic import make_synthetic_imagefolder
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory) -> Path:
+    """10 classes x 24 train / 8 val JPEGs at 40 px: enough to learn, quick to decode."""
+    return make_synthetic_imagefolder(tmp_path_factory.mktemp("synthetic"), train_per_class=24, val_per_class=8,
+                                      size=40)
+
+
+@pytest.fixture(scope="session")
+def learn_dataset(tmp_path_factory) -> Path:
+    """Larger set for the learning test: 10 classes x 60 train / 20 val at 48 px."""
+    return make_synthetic_imagefolder(tmp_path_factory.mktemp("learn"), train_per_class=60, val_per_class=20,
+                                      size=48)
+
+
+def compose_config(overrides: list[str] | None = None):
+    """The config exactly as `python -m train` would compose it."""
+    register()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides or [])
+
+
+def run_cli(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
+            module: str = "train") -> subprocess.CompletedProcess:
+    """`python -m train ARGS` in a real subprocess (real Hydra, real workers)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def small_run_args(tiny_dataset, tmp_path) -> list[str]:
+    """Overrides for a quick CPU run on the tiny dataset, writing into tmp_path."""
+    return ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+            "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}"]

@@ -1,0 +1,62 @@
+"""`python -m train [overrides]`: compose the config with Hydra, validate it, train.
+
+Under torchrun every rank runs this file; ranks > 0 get quiet Hydra overrides and share rank 0's run dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from train.config import ConfigError, register, validate
+from train.data.loader import LoaderError
+from train.dist import DistEnv, hydra_rank_overrides
+
+log = logging.getLogger("train")
+register()
+
+
+def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
+    """Build everything from a validated config and train; returns the per-epoch records."""
+    from train import checkpoint, dist
+    from train.data import build_data
+    from train.engine import Trainer
+    from train.model import build_model
+
+    env = DistEnv.from_env()
+    validate(cfg)
+    device = dist.select_device(cfg.trainer.device, env)
+    dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)
+    data = build_data(cfg, env, device)
+    dist.init_process_group(env, device)
+    try:
+        model = build_model(cfg.model.name, data.num_classes, device, channels_last=cfg.trainer.channels_last)
+        trainer = Trainer(cfg, env, device, data, model, run_dir)
+        resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir)
+        if resume_path is not None:
+            trainer.resume(resume_path)
+        return trainer.fit()
+    finally:
+        dist.destroy_process_group()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        OmegaConf.resolve(cfg)
+        run(cfg, run_dir)
+    except (ConfigError, LoaderError) as err:
+        log.error("%s", err)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    sys.argv.extend(hydra_rank_overrides(DistEnv.from_env()))
+    main()

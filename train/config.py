@@ -1,0 +1,171 @@
+"""Typed config schema (registered in Hydra's ConfigStore) and the checks Hydra cannot make.
+
+The schema makes typos and wrong types fail at the command line; `validate` catches the combinations that are
+wrong together (e.g. prefetch_factor with num_workers=0) before any DataLoader worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+DATASETS = ("synthetic", "imagefolder", "cifar10", "packed")
+SAMPLERS = ("auto", "random", "sequential", "weighted", "distributed")
+MP_CONTEXTS = (None, "fork", "spawn", "forkserver")
+
+
+class ConfigError(ValueError):
+    """A bad setting: the message names the key and the fix."""
+
+
+@dataclass
+class DataConfig:
+    """The dataset, its transforms, and every DataLoader knob under DataLoader's own name."""
+
+    dataset: str = "synthetic"
+    root: str = "data/synthetic"
+    image_size: int = 64
+    resize_size: int | None = None  # default: image_size * 256 / 224 (the ImageNet recipe)
+    # DataLoader knobs. batch_size is per process (per GPU) under torchrun.
+    batch_size: int = 32
+    shuffle: bool = True
+    sampler: str = "auto"
+    num_workers: Any = "auto"  # an integer, or "auto" = floor(0.75 * usable cores / processes on this node)
+    pin_memory: bool = False
+    prefetch_factor: int | None = None  # batches per worker; None = DataLoader's default
+    persistent_workers: bool = False
+    drop_last: bool = True
+    timeout: float = 0.0
+    multiprocessing_context: str | None = None
+    in_order: bool = True
+    # Host-to-device path.
+    non_blocking: bool = True
+    device_transforms: bool = True  # uint8 to the device, normalize there
+    # Data-path extras.
+    cache_bytes: int = 0
+    on_bad_sample: str = "warn"  # warn (skip and count) | raise
+
+
+@dataclass
+class ModelConfig:
+    name: str = "resnet18"  # any torchvision classification model name
+
+
+@dataclass
+class TrainerConfig:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    epochs: int = 3
+    max_steps: int | None = None  # stop after this many optimizer steps in total (smoke runs)
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.0
+    grad_accum_steps: int = 1
+    amp: bool = False  # autocast + GradScaler on CUDA
+    cpu_bf16: bool = False  # bf16 autocast on CPU
+    channels_last: bool = False
+    compile: bool = False
+    seed: int = 0
+    deterministic: bool = False
+    resume: str | None = None  # auto | path to a checkpoint | null
+    checkpoint_every_steps: int | None = None
+    progress: bool = True
+    tensorboard: bool = True
+    metrics_port: int | None = None
+
+
+@dataclass
+class LoadoutConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def _if_cuda(on_cuda: Any, otherwise: Any) -> Any:
+    return on_cuda if torch.cuda.is_available() else otherwise
+
+
+def _run_dir_name() -> str:
+    """One run dir for every torchrun rank (and every restart): Hydra resolves ${now:} in each process."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return f"torchrun/{run_id}"
+    from datetime import datetime
+
+    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+
+
+def register() -> None:
+    """Register the schema and resolvers; safe to call more than once."""
+    ConfigStore.instance().store(name="loadout_schema", node=LoadoutConfig)
+    if not OmegaConf.has_resolver("if_cuda"):
+        OmegaConf.register_new_resolver("if_cuda", _if_cuda)
+    if not OmegaConf.has_resolver("run_dir_name"):
+        OmegaConf.register_new_resolver("run_dir_name", _run_dir_name, use_cache=True)
+
+
+def _fail(key: str, value: Any, fix: str) -> None:
+    raise ConfigError(f"{key}={value!r}: {fix}")
+
+
+def validate(cfg: Any) -> None:
+    """Reject settings that are wrong together, naming the key and the fix. Runs before any worker starts."""
+    data, trainer = cfg.data, cfg.trainer
+    if data.dataset not in DATASETS:
+        _fail("data.dataset", data.dataset, f"choose one of {', '.join(DATASETS)}")
+    if data.sampler not in SAMPLERS:
+        _fail("data.sampler", data.sampler, f"choose one of {', '.join(SAMPLERS)}")
+    if data.multiprocessing_context not in MP_CONTEXTS:
+        _fail("data.multiprocessing_context", data.multiprocessing_context, "choose null, fork, spawn or forkserver")
+    if data.on_bad_sample not in ("warn", "raise"):
+        _fail("data.on_bad_sample", data.on_bad_sample, "choose warn or raise")
+    nw = data.num_workers
+    if not (nw == "auto" or (isinstance(nw, int) and not isinstance(nw, bool))):
+        _fail("data.num_workers", nw, "use an integer >= 0 or auto")
+    for key in ("batch_size", "image_size"):
+        if getattr(data, key) < 1:
+            _fail(f"data.{key}", getattr(data, key), "use a positive integer")
+    for key in ("timeout", "cache_bytes"):
+        if getattr(data, key) < 0:
+            _fail(f"data.{key}", getattr(data, key), "use a number >= 0")
+    if data.resize_size is not None and data.resize_size < data.image_size:
+        _fail("data.resize_size", data.resize_size, f"use a size >= data.image_size ({data.image_size}) or null")
+    if isinstance(nw, int) and nw < 0:
+        _fail("data.num_workers", nw, "use an integer >= 0 or auto")
+    if data.prefetch_factor is not None and data.prefetch_factor < 1:
+        _fail("data.prefetch_factor", data.prefetch_factor, "use an integer >= 1 or null")
+    if nw == 0:
+        if data.prefetch_factor is not None:
+            _fail("data.prefetch_factor", data.prefetch_factor,
+                  "only valid with data.num_workers > 0: set data.prefetch_factor=null or raise data.num_workers")
+        if data.persistent_workers:
+            _fail("data.persistent_workers", True,
+                  "only valid with data.num_workers > 0: set data.persistent_workers=false or raise data.num_workers")
+        if data.timeout > 0:
+            _fail("data.timeout", data.timeout, "only valid with data.num_workers > 0: set data.timeout=0")
+        if data.multiprocessing_context is not None:
+            _fail("data.multiprocessing_context", data.multiprocessing_context,
+                  "only valid with data.num_workers > 0: set data.multiprocessing_context=null")
+    for key in ("epochs", "grad_accum_steps"):
+        if getattr(trainer, key) < 1:
+            _fail(f"trainer.{key}", getattr(trainer, key), "use a positive integer")
+    for key in ("max_steps", "checkpoint_every_steps"):
+        value = getattr(trainer, key)
+        if value is not None and value < 1:
+            _fail(f"trainer.{key}", value, "use a positive integer or null")
+    if trainer.lr <= 0:
+        _fail("trainer.lr", trainer.lr, "use a positive learning rate")
+    if trainer.metrics_port is not None and not 0 <= trainer.metrics_port <= 65535:
+        _fail("trainer.metrics_port", trainer.metrics_port, "use a TCP port 0-65535 or null")
+    if trainer.device != "auto" and trainer.device != "cpu" and not trainer.device.startswith("cuda"):
+        _fail("trainer.device", trainer.device, "use auto, cpu, cuda or cuda:N")
+    if trainer.device.startswith("cuda") and not torch.cuda.is_available():
+        _fail("trainer.device", trainer.device, "CUDA is not available here: use trainer.device=auto or cpu")
+    if trainer.resume not in (None, "auto") and not Path(trainer.resume).is_file():
+        _fail("trainer.resume", trainer.resume, "no such checkpoint file: use auto, null, or a path to a .pt file")

@@ -1,0 +1,148 @@
+"""Datasets: JPEG ImageFolder (the embedded default and real data) and CIFAR-10's python batches.
+
+Metadata lives in numpy arrays, never Python lists: a list of paths read by every worker is copied page by page
+into each worker (copy-on-read refcounts, pytorch/pytorch#13246) and worker memory grows over an epoch.
+A sample that fails to decode comes back as None: the collate function skips and counts it (data.on_bad_sample).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_image
+
+from train.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+class ImageFolderDataset(Dataset):
+    """root/<class>/<image> with classes sorted by name; decodes with libjpeg-turbo into a uint8 CHW tensor."""
+
+    def __init__(self, root: str | Path, transform: Transform | None = None, on_bad_sample: str = "warn"):
+        root = Path(root)
+        self.classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+        paths, targets = [], []
+        for label, name in enumerate(self.classes):
+            for path in sorted((root / name).iterdir()):
+                if path.suffix.lower() in IMAGE_SUFFIXES:
+                    paths.append(str(path))
+                    targets.append(label)
+        if not paths:
+            raise ConfigError(f"data.root: no images under {root} (expected {root}/<class>/<image>.jpg)")
+        self.paths = np.array(paths, dtype=np.bytes_)
+        self.targets = np.array(targets, dtype=np.int64)
+        self.transform = transform
+        self.on_bad_sample = on_bad_sample
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def load(self, index: int) -> torch.Tensor:
+        """The decoded uint8 CHW image, before transforms."""
+        path = self.paths[index].decode()
+        with open(path, "rb") as f:
+            raw = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+        return decode_image(raw, mode=ImageReadMode.RGB)
+
+    def __getitem__(self, index: int):
+        try:
+            image = self.load(index)
+        except (RuntimeError, OSError, ValueError) as err:
+            path = self.paths[index].decode()
+            if self.on_bad_sample == "raise":
+                raise RuntimeError(f"cannot decode {path}: {err} (data.on_bad_sample=warn skips such files)") from err
+            log.warning("skipping unreadable image %s: %s", path, err)
+            return None
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index])
+
+
+class Cifar10Dataset(Dataset):
+    """CIFAR-10 from its standard python-batches folder (cifar-10-batches-py); never downloaded at run time."""
+
+    def __init__(self, root: str | Path, train: bool, transform: Transform | None = None):
+        root = Path(root)
+        if (root / "cifar-10-batches-py").is_dir():
+            root = root / "cifar-10-batches-py"
+        names = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
+        missing = [n for n in names if not (root / n).is_file()]
+        if missing:
+            raise ConfigError(
+                f"data.root={str(root)!r}: missing CIFAR-10 batch files {missing}; point data.root at the extracted "
+                "cifar-10-batches-py folder (from cifar-10-python.tar.gz)"
+            )
+        images, labels = [], []
+        for name in names:
+            with open(root / name, "rb") as f:
+                batch = pickle.load(f, encoding="latin1")
+            images.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            labels.extend(batch["labels"])
+        self.images = np.concatenate(images)
+        self.targets = np.array(labels, dtype=np.int64)
+        meta = root / "batches.meta"
+        if meta.is_file():
+            with open(meta, "rb") as f:
+                self.classes = list(pickle.load(f, encoding="latin1")["label_names"])
+        else:
+            self.classes = [str(i) for i in range(int(self.targets.max()) + 1)]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def load(self, index: int) -> torch.Tensor:
+        return torch.from_numpy(self.images[index])
+
+    def __getitem__(self, index: int):
+        image = self.load(index)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index])
+
+
+def split_root(root: str | Path, split: str) -> Path:
+    """root/<split> for ImageFolder-style datasets, with an error naming the key and the fix."""
+    root = Path(root)
+    if not root.exists():
+        raise ConfigError(
+            f"data.root={str(root)!r} does not exist: run `make dataset` for the embedded default, or set data.root "
+            "to a folder with train/ and val/"
+        )
+    path = root / split
+    if not path.is_dir():
+        raise ConfigError(f"data.root={str(root)!r} has no {split}/ folder: expected {root}/{split}/<class>/<image>")
+    return path
+
+
+def build_datasets(data_cfg, train_transform: Transform, val_transform: Transform) -> tuple[Dataset, Dataset, int]:
+    """(train, val, num_classes) for data.dataset."""
+    kind = data_cfg.dataset
+    if kind in ("synthetic", "imagefolder"):
+        train = ImageFolderDataset(split_root(data_cfg.root, "train"), train_transform, data_cfg.on_bad_sample)
+        val = ImageFolderDataset(split_root(data_cfg.root, "val"), val_transform, data_cfg.on_bad_sample)
+    elif kind == "cifar10":
+        if not Path(data_cfg.root).exists():
+            raise ConfigError(f"data.root={data_cfg.root!r} does not exist: point it at cifar-10-batches-py")
+        train = Cifar10Dataset(data_cfg.root, True, train_transform)
+        val = Cifar10Dataset(data_cfg.root, False, val_transform)
+    elif kind == "packed":
+        from train.data.packed import PackedDataset
+
+        train = PackedDataset(split_root(data_cfg.root, "train"), train_transform)
+        val = PackedDataset(split_root(data_cfg.root, "val"), val_transform)
+    else:  # validate() rejects this earlier; kept for direct callers
+        raise ConfigError(f"data.dataset={kind!r}: unknown dataset")
+    if train.classes != val.classes:
+        raise ConfigError(f"data.root={data_cfg.root!r}: train/ and val/ have different classes")
+    return train, val, len(train.classes)

@@ -1,0 +1,143 @@
+"""Sampler + DataLoader from data.* (every knob under DataLoader's own name), checked before any worker starts."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import (
+    Dataset,
+    DistributedSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    WeightedRandomSampler,
+)
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from train.data.workers import collate_skipping_bad, loader_seed, seed_worker
+from train.dist import DistEnv
+
+log = logging.getLogger(__name__)
+
+
+class LoaderError(RuntimeError):
+    """A DataLoader worker died or timed out; the message names the likely cause and the fix."""
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (a cpuset or taskset counts; a CFS quota such as compose `cpus:` does not)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def resolve_num_workers(value: int | str, local_world_size: int = 1, cores: int | None = None) -> int:
+    """`auto` = floor(0.75 x usable cores / processes on this node), so workers x ranks never oversubscribe."""
+    if value != "auto":
+        return int(value)
+    cores = usable_cores() if cores is None else cores
+    return max(0, math.floor(0.75 * cores / max(local_world_size, 1)))
+
+
+class ShardSampler(Sampler[int]):
+    """Rank r takes a contiguous 1/world_size of the indices, without padding: each sample counted exactly once."""
+
+    def __init__(self, length: int, rank: int, world_size: int):
+        per_rank, extra = divmod(length, world_size)
+        self.start = rank * per_rank + min(rank, extra)
+        self.stop = self.start + per_rank + (1 if rank < extra else 0)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+def _class_balanced_weights(dataset: Dataset) -> torch.Tensor:
+    targets = getattr(dataset, "targets", None)
+    if targets is None:
+        raise ValueError("data.sampler=weighted needs a dataset with .targets")
+    counts = np.bincount(targets)
+    return torch.as_tensor(1.0 / counts[targets], dtype=torch.double)
+
+
+def build_sampler(dataset: Dataset, data_cfg, env: DistEnv, train: bool, seed: int) -> Sampler:
+    if not train:
+        return ShardSampler(len(dataset), env.rank, env.world_size) if env.distributed else SequentialSampler(dataset)
+    kind = data_cfg.sampler
+    if kind == "auto":
+        kind = "distributed" if env.distributed else ("random" if data_cfg.shuffle else "sequential")
+    if env.distributed and kind != "distributed":
+        log.warning("data.sampler=%s with %d processes: every rank sees the whole dataset", kind, env.world_size)
+    generator = torch.Generator().manual_seed(loader_seed(seed, env.rank))
+    if kind == "distributed":
+        return DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=data_cfg.shuffle,
+                                  seed=seed, drop_last=data_cfg.drop_last)
+    if kind == "random":
+        return RandomSampler(dataset, generator=generator)
+    if kind == "weighted":
+        return WeightedRandomSampler(_class_balanced_weights(dataset), len(dataset), generator=generator)
+    return SequentialSampler(dataset)
+
+
+def loader_kwargs(data_cfg, num_workers: int, pin_memory: bool) -> dict:
+    """DataLoader keyword arguments; prefetch/persistence/timeouts only where DataLoader accepts them."""
+    kwargs = dict(batch_size=data_cfg.batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                  in_order=data_cfg.in_order)
+    if num_workers > 0:
+        kwargs.update(prefetch_factor=data_cfg.prefetch_factor, persistent_workers=data_cfg.persistent_workers,
+                      timeout=data_cfg.timeout, multiprocessing_context=data_cfg.multiprocessing_context,
+                      worker_init_fn=seed_worker)
+    return kwargs
+
+
+def effective_pin_memory(requested: bool, device: torch.device) -> bool:
+    if requested and device.type != "cuda":
+        warnings.warn("data.pin_memory=true without CUDA: pinned memory is off (set data.pin_memory=false to silence)",
+                      stacklevel=2)
+        return False
+    return requested
+
+
+def build_loader(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device, *, train: bool,
+                 seed: int) -> StatefulDataLoader:
+    """A StatefulDataLoader (a drop-in DataLoader with state_dict) configured from data.*."""
+    num_workers = resolve_num_workers(data_cfg.num_workers, env.local_world_size)
+    pin_memory = effective_pin_memory(data_cfg.pin_memory, device)
+    kwargs = loader_kwargs(data_cfg, num_workers, pin_memory)
+    if data_cfg.num_workers == "auto" and num_workers == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs.pop("persistent_workers", None)
+    if num_workers > 0:
+        from train.data.shm import warn_if_shm_too_small
+
+        item_bytes = 4 if not data_cfg.device_transforms else 1
+        batch_bytes = data_cfg.batch_size * 3 * data_cfg.image_size**2 * item_bytes
+        warn_if_shm_too_small(num_workers, data_cfg.prefetch_factor or 2, batch_bytes)
+    sampler = build_sampler(dataset, data_cfg, env, train, seed)
+    generator = torch.Generator().manual_seed(loader_seed(seed, env.rank))
+    return StatefulDataLoader(dataset, sampler=sampler, collate_fn=collate_skipping_bad,
+                              drop_last=data_cfg.drop_last if train else False, generator=generator, **kwargs)
+
+
+def explain_loader_error(err: BaseException, data_cfg) -> LoaderError | None:
+    """Turn a dead worker or a timeout into an error naming the likely cause; None for other errors."""
+    text = str(err)
+    if "timed out" in text and "DataLoader" in text:
+        return LoaderError(f"{text}. A worker took longer than data.timeout={data_cfg.timeout}s for one batch: raise "
+                           "data.timeout (0 = wait forever), or look for a slow or hung dataset read")
+    if "DataLoader worker" in text and ("killed" in text or "exited unexpectedly" in text):
+        cause = "Bus error: /dev/shm is too small for the workers' batches" if "Bus error" in text else (
+            "a killed worker: usually the out-of-memory killer or /dev/shm too small")
+        return LoaderError(f"{text}. Likely cause: {cause}. Fix: give the container more shared memory (compose "
+                           "shm_size, `docker run --shm-size=8g` or `--ipc=host`), or lower data.num_workers, "
+                           "data.prefetch_factor or data.batch_size")
+    return None

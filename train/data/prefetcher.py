@@ -1,0 +1,60 @@
+"""Device prefetcher: the next batch copied to the device on a side CUDA stream while the current one computes.
+
+Batches arrive as uint8 (pinned by the loader when data.pin_memory=true); the copy is non_blocking on a side
+stream, then the float conversion, Normalize and channels_last run on the device. On CPU the same code runs
+without streams. Modelled on timm's PrefetchLoader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from train.data.transforms import MEAN, STD
+
+
+class DevicePrefetcher:
+    """Yields (images, targets, bad_count) on `device`, float and normalized, one batch ahead on CUDA."""
+
+    def __init__(self, loader: Iterable, device: torch.device, *, normalize: bool, channels_last: bool,
+                 non_blocking: bool = True):
+        self.loader = loader
+        self.device = device
+        self.normalize = normalize
+        self.channels_last = channels_last
+        self.non_blocking = non_blocking and device.type == "cuda"
+        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _to_device(self, batch):
+        images, targets, bad = batch
+        images = images.to(self.device, non_blocking=self.non_blocking)
+        targets = targets.to(self.device, non_blocking=self.non_blocking)
+        if self.normalize:
+            images = images.float().sub_(self.mean).div_(self.std)
+        if self.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, targets, bad
+
+    def __iter__(self) -> Iterator:
+        if self.device.type != "cuda":
+            for batch in self.loader:
+                yield self._to_device(batch)
+            return
+        stream = torch.cuda.Stream(device=self.device)
+        pending = None
+        for batch in self.loader:
+            with torch.cuda.stream(stream):
+                ready = self._to_device(batch)
+            if pending is not None:
+                yield pending
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            for tensor in ready[:2]:
+                tensor.record_stream(torch.cuda.current_stream(self.device))
+            pending = ready
+        if pending is not None:
+            yield pending

@@ -1,0 +1,102 @@
+"""torchrun's environment -> process group, device, rank-0 helpers, seeds. Never a launcher of our own."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process stands in the torchrun group (a single process: rank 0 of 1)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    @classmethod
+    def from_env(cls) -> DistEnv:
+        env = os.environ
+        return cls(rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
+                   world_size=int(env.get("WORLD_SIZE", 1)), local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)))
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def hydra_rank_overrides(env: DistEnv) -> list[str]:
+    """Overrides for ranks > 0: no second copy of .hydra/ and no log file or console chatter of their own."""
+    if env.is_main:
+        return []
+    return ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+
+
+def select_device(requested: str, env: DistEnv) -> torch.device:
+    """trainer.device: auto = cuda:LOCAL_RANK when CUDA is available, else cpu."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        requested = f"cuda:{env.local_rank}"
+    device = torch.device(requested)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def init_process_group(env: DistEnv, device: torch.device) -> None:
+    """nccl on CUDA, gloo on CPU; a no-op for a single process."""
+    if env.distributed and not torch_dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        torch_dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, **kwargs)
+
+
+def destroy_process_group() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a few scalars over all ranks (identity for one process)."""
+    if not torch_dist.is_initialized():
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    torch_dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def all_reduce_max(value: float, device: torch.device) -> float:
+    if not torch_dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+    return tensor.item()
+
+
+def barrier() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.barrier()
+
+
+def seed_everything(seed: int, env: DistEnv, deterministic: bool = False) -> None:
+    """The same model init on every rank (DDP also broadcasts it); data order and augmentation are seeded per rank
+    by the loader (train/data/workers.py)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    elif torch.cuda.is_available():
+        torch.backends.cudnn.benchmark = True

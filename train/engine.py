@@ -1,0 +1,205 @@
+"""The epoch loop: AMP, gradient accumulation, validation, checkpoints, metrics. Asks the meters for timings."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from train import checkpoint
+from train.data import DataPipeline
+from train.data.loader import explain_loader_error
+from train.dist import DistEnv, all_reduce_max, all_reduce_sum
+from train.meters import EpochMeter, append_jsonl
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """Where the run is: restored from a checkpoint, saved into the next one."""
+
+    epoch: int = 0  # the epoch in progress (0-based)
+    step: int = 0  # optimizer steps taken in total
+    batch_in_epoch: int = 0  # batches of `epoch` already trained
+
+
+class Trainer:
+    def __init__(self, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
+                 run_dir: Path):
+        self.cfg, self.env, self.device, self.data, self.run_dir = cfg, env, device, data, run_dir
+        tc = cfg.trainer
+        self.model = model
+        self.ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
+            if env.distributed else model
+        self.forward = torch.compile(self.ddp) if tc.compile else self.ddp
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=tc.lr, momentum=tc.momentum,
+                                         weight_decay=tc.weight_decay, nesterov=True)
+        self.steps_per_epoch = max(len(data.train_loader) // tc.grad_accum_steps, 1)
+        self.total_steps = tc.epochs * self.steps_per_epoch
+        if tc.max_steps is not None:
+            self.total_steps = min(self.total_steps, tc.max_steps)
+        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            self.optimizer, max_lr=tc.lr, total_steps=max(self.total_steps, 1), pct_start=0.15)
+        self.use_scaler = tc.amp and device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_scaler)
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=tc.label_smoothing)
+        self.progress = Progress()
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.checkpoint_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST
+
+    # -- precision ----------------------------------------------------------------------------------------------
+    def autocast(self):
+        tc = self.cfg.trainer
+        if self.device.type == "cuda" and tc.amp:
+            return torch.autocast("cuda", dtype=torch.float16)
+        if self.device.type == "cpu" and tc.cpu_bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
+    def state_dict(self, loader_state: dict | None) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "progress": vars(self.progress).copy(),
+            "loader": loader_state,
+        }
+
+    def save(self, loader_state: dict | None) -> None:
+        if self.env.is_main:
+            checkpoint.save_atomic(self.state_dict(loader_state), self.checkpoint_path)
+
+    def resume(self, path: Path) -> None:
+        state = checkpoint.load(path, self.device)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress(**state["progress"])
+        if state.get("loader") is not None:
+            self.data.set_epoch(self.progress.epoch)
+            self.data.train_loader.load_state_dict(state["loader"])
+        log.info("resumed from %s at epoch %d, batch %d, step %d", path, self.progress.epoch + 1,
+                 self.progress.batch_in_epoch, self.progress.step)
+
+    # -- loop ---------------------------------------------------------------------------------------------------
+    def done(self) -> bool:
+        return self.progress.step >= self.total_steps
+
+    def fit(self) -> list[dict]:
+        tc = self.cfg.trainer
+        records = []
+        while self.progress.epoch < tc.epochs and not self.done():
+            train_stats = self.train_epoch()
+            val_stats = self.evaluate()
+            record = {"epoch": self.progress.epoch + 1, **train_stats, **val_stats}
+            records.append(record)
+            self.progress = Progress(epoch=self.progress.epoch + 1, step=self.progress.step)
+            self.save(loader_state=None)
+            if self.env.is_main:
+                append_jsonl(self.metrics_path, record)
+                log.info("epoch %d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  %.0f img/s  data_wait %.1f%%  "
+                         "first_batch %.2fs  epoch %.1fs  peak_rss %.0f MiB%s", record["epoch"], tc.epochs,
+                         record["train_loss"], record["val_loss"], record["val_acc"], record["images_per_s"],
+                         100 * record["data_wait_frac"], record["first_batch_s"], record["epoch_s"],
+                         record["peak_rss_mb"], f"  bad_samples {record['bad_samples']}"
+                         if record["bad_samples"] else "")
+        return records
+
+    def _batches(self, loader, meter: EpochMeter, desc: str, total: int):
+        """Batches on the device; a dead worker or a timeout becomes an error naming its cause."""
+        batches = self.data.on_device(loader)
+        show = self.cfg.trainer.progress and self.env.is_main
+        bar = tqdm(total=total, desc=desc, leave=False, disable=not show, dynamic_ncols=True)
+        iterator = iter(batches)
+        try:
+            while True:
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    return
+                except RuntimeError as err:
+                    explained = explain_loader_error(err, self.cfg.data)
+                    if explained is None:
+                        raise
+                    raise explained from err
+                meter.waited()
+                yield batch
+                bar.update(1)
+        finally:
+            bar.close()
+
+    def train_epoch(self) -> dict:
+        tc = self.cfg.trainer
+        self.ddp.train()
+        self.data.set_epoch(self.progress.epoch)
+        meter = EpochMeter()
+        accum = tc.grad_accum_steps
+        loader = self.data.train_loader
+        remaining = len(loader) - self.progress.batch_in_epoch
+        micro = 0
+        desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
+        for images, targets, bad in self._batches(loader, meter, desc, remaining):
+            if images.numel() == 0:
+                meter.stepped(0, 0.0, bad)
+                continue
+            micro += 1
+            sync = micro % accum == 0
+            ctx = self.ddp.no_sync() if (self.env.distributed and not sync) else contextlib.nullcontext()
+            with ctx, self.autocast():
+                loss = self.criterion(self.forward(images), targets)
+            with ctx:
+                self.scaler.scale(loss / accum).backward()
+            self.progress.batch_in_epoch += 1
+            if sync:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scheduler.step()
+                self.progress.step += 1
+            meter.stepped(images.shape[0], loss.item(), bad)
+            every = tc.checkpoint_every_steps
+            if sync and every and self.progress.step % every == 0:
+                self.save(loader_state=loader.state_dict())
+            if self.done():
+                break
+        return self._reduce_train(meter.summary())
+
+    def _reduce_train(self, stats: dict) -> dict:
+        """Sums over ranks for counts and throughput, the slowest rank for latencies and memory."""
+        if not self.env.distributed:
+            return stats
+        loss_sum, images, images_per_s, bad = all_reduce_sum(
+            [stats["train_loss"] * stats["images"], stats["images"], stats["images_per_s"], stats["bad_samples"]],
+            self.device)
+        stats.update(train_loss=loss_sum / max(images, 1), images=int(images), images_per_s=images_per_s,
+                     bad_samples=int(bad))
+        for key in ("data_wait_frac", "first_batch_s", "epoch_s", "peak_rss_mb"):
+            stats[key] = all_reduce_max(stats[key], self.device)
+        return stats
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        self.ddp.eval()
+        meter = EpochMeter()
+        loss_sum, correct, count = 0.0, 0.0, 0.0
+        loader = self.data.val_loader
+        for images, targets, _bad in self._batches(loader, meter, "val", len(loader)):
+            if images.numel() == 0:
+                continue
+            with self.autocast():
+                logits = self.forward(images)
+            loss_sum += self.criterion(logits.float(), targets).item() * targets.numel()
+            correct += (logits.argmax(1) == targets).sum().item()
+            count += targets.numel()
+        loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count], self.device)
+        return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1),
+                "val_samples": int(count)}
