@@ -111,7 +111,8 @@ def register() -> None:
 
 
 def _fail(key: str, value: Any, fix: str) -> None:
-    raise ConfigError(f"{key}={value!r}: {fix}")
+    shown = str(value).lower() if isinstance(value, bool) or value is None else repr(value)
+    raise ConfigError(f"{key}={shown}: {fix}")
 
 
 def validate(cfg: Any) -> None:
