@@ -1,8 +1,8 @@
 """Serve this machine's local pip mirrors over HTTP so `docker build` (and a chroot) can use them.
 
 The host's pip configuration (``pip config list``: /etc/pip.conf plus PIP_* variables) may point at local
-directories -- ``file:///opt/pypi/simple`` indexes, ``/opt/wheels`` find-links -- that a build container cannot
-see. This helper:
+directories -- ``file:///opt/pypi/simple`` indexes, ``/opt/wheels`` find-links -- that a build container
+cannot see. This helper:
 
 * reads the host's pip settings with ``python3 -m pip config list``;
 * links the parent directory of every local index / find-links directory into a temporary folder, so the
@@ -98,8 +98,9 @@ def main() -> None:
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="pip-mirror-"))
-    args.conf_out.write_text(build_config(host_pip_settings(), root, args.port))
+    config = build_config(host_pip_settings(), root, args.port)
     if args.no_serve:
+        args.conf_out.write_text(config)
         return
 
     class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -108,6 +109,10 @@ def main() -> None:
 
     handler = functools.partial(QuietHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler)
+    # The config appears only once the port is bound: its existence tells callers the mirror is ready.
+    tmp = args.conf_out.with_name(args.conf_out.name + ".tmp")
+    tmp.write_text(config)
+    tmp.replace(args.conf_out)
     print(f"[pip_mirror] serving {root} on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
     server.serve_forever()
 

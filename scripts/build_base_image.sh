@@ -67,10 +67,12 @@ cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt
 port=${PIP_MIRROR_PORT:-38111}
 python3 docker/pip_mirror.py --port "$port" --conf-out "$rootfs/etc/pip.conf" &
 mirror_pid=$!
-for _ in $(seq 1 50); do
-  python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 1)" "$port" 2>/dev/null && break
-  sleep 0.2
+for _ in $(seq 1 100); do  # the mirror writes the config once its port is bound
+  [[ -s $rootfs/etc/pip.conf ]] && break
+  kill -0 "$mirror_pid" 2>/dev/null || { log "pip mirror failed to start (port $port in use? set PIP_MIRROR_PORT)"; exit 1; }
+  sleep 0.1
 done
+[[ -s $rootfs/etc/pip.conf ]] || { log "pip mirror did not start"; exit 1; }
 log "pip config in the stand-in:"; sed 's/^/    /' "$rootfs/etc/pip.conf" >&2
 cp constraints.txt "$rootfs/tmp/constraints.txt"
 
