@@ -76,8 +76,9 @@ class TrainerConfig:
     resume: str | None = None  # auto | path to a checkpoint | null
     checkpoint_every_steps: int | None = None
     progress: bool = True
-    tensorboard: bool = True
-    metrics_port: int | None = None
+    tensorboard: bool = True  # scalars in the run dir (rank 0): `make tensorboard`
+    metrics_port: int | None = None  # Prometheus /metrics on this port + LOCAL_RANK; null = off
+    metrics_host: str = "127.0.0.1"  # address the endpoint binds; 0.0.0.0 in a container Prometheus scrapes
 
 
 @dataclass
@@ -162,8 +163,8 @@ def validate(cfg: Any) -> None:
             _fail(f"trainer.{key}", value, "use a positive integer or null")
     if trainer.lr <= 0:
         _fail("trainer.lr", trainer.lr, "use a positive learning rate")
-    if trainer.metrics_port is not None and not 0 <= trainer.metrics_port <= 65535:
-        _fail("trainer.metrics_port", trainer.metrics_port, "use a TCP port 0-65535 or null")
+    if trainer.metrics_port is not None and not 1 <= trainer.metrics_port <= 65535:
+        _fail("trainer.metrics_port", trainer.metrics_port, "use a TCP port 1-65535 (e.g. 9400) or null")
     if trainer.device != "auto" and trainer.device != "cpu" and not trainer.device.startswith("cuda"):
         _fail("trainer.device", trainer.device, "use auto, cpu, cuda or cuda:N")
     if trainer.device.startswith("cuda") and not torch.cuda.is_available():
