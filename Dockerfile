@@ -1,6 +1,53 @@
 # loadout training image.
-#   docker build -t loadout .                                      # official PyTorch CUDA runtime base
-#   docker build --build-arg BASE_IMAGE=loadout-base:torch2.14.1 .  # any base with python/pip + torch on PATH
-# The base's torch must match constraints.txt (torch 2.14.1 wheels are CUDA 13.0 builds).
+#   docker build -t loadout .                                             # official PyTorch CUDA runtime base
+#   docker build --build-arg BASE_IMAGE=loadout-base:torch2.14.1 -t loadout .  # any base: python/pip + torch
+# BASE_IMAGE must already hold torch/torchvision at the versions of constraints.txt (torch 2.14.1 wheels are
+# CUDA 13.0 builds), so no CUDA wheel is downloaded here. The CUDA driver comes from the host through the NVIDIA
+# Container Toolkit at run time (see docs/container.md).
 ARG BASE_IMAGE=pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime
 FROM ${BASE_IMAGE}
+
+# UID/GID of the user that runs training: match the host user that owns ./outputs (docker-compose.yml passes
+# LOADOUT_UID/LOADOUT_GID). --non-unique: the base may already have a user with that id.
+ARG UID=1000
+ARG GID=1000
+# Extra packages for the Jupyter image (docker-compose.yml `jupyter` service); empty for training.
+ARG EXTRA_PIP_PACKAGES=""
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+RUN groupadd --non-unique --gid "${GID}" app \
+ && useradd --non-unique --uid "${UID}" --gid "${GID}" --create-home --shell /bin/bash app
+
+WORKDIR /app
+
+# Dependencies first, in their own layer: rebuilt only when pyproject.toml or constraints.txt change, not on
+# every source edit. The list comes from pyproject's [project].dependencies; constraints.txt pins torch to the
+# base image's version, so pip keeps the base's torch.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+      > /tmp/requirements.txt \
+ && python -m pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt ${EXTRA_PIP_PACKAGES} \
+ && rm /tmp/requirements.txt \
+ && python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
+
+# The source. `python -m train` runs from /app, so the configs in /app/conf are the ones used.
+COPY README.md ./
+COPY conf/ conf/
+COPY train/ train/
+RUN python -m pip install --no-cache-dir --no-deps . \
+ && rm -rf build ./*.egg-info \
+ && mkdir -p /app/data /app/outputs \
+ && chown "${UID}:${GID}" /app/outputs
+
+# Mount the dataset read-only at /app/data and a host folder owned by UID:GID at /app/outputs, where Hydra
+# writes the run directories (outputs/<date>/<time>/): docker-compose.yml does both.
+USER ${UID}:${GID}
+
+# Hydra overrides given to `docker run IMAGE ...` / `docker compose run SERVICE ...` append to this.
+ENTRYPOINT ["python", "-m", "train"]
