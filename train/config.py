@@ -62,7 +62,7 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     epochs: int = 3
     max_steps: int | None = None  # stop after this many optimizer steps in total (smoke runs)
-    lr: float = 0.1
+    lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 5e-4
     label_smoothing: float = 0.0
@@ -73,8 +73,9 @@ class TrainerConfig:
     compile: bool = False
     seed: int = 0
     deterministic: bool = False
-    resume: str | None = None  # auto | path to a checkpoint | null
-    checkpoint_every_steps: int | None = None
+    resume: str | None = None  # auto | path to a checkpoint | null; a torchrun restart always continues its run dir
+    checkpoint_every_steps: int | None = None  # also saves the data loader's mid-epoch position
+    record_samples: bool = False  # debug: each rank's trained sample indices per epoch -> <run dir>/samples/
     progress: bool = True
     tensorboard: bool = True  # scalars in the run dir (rank 0): `make tensorboard`
     metrics_port: int | None = None  # Prometheus /metrics on this port + LOCAL_RANK; null = off

@@ -1,9 +1,11 @@
-"""The epoch loop: AMP, gradient accumulation, validation, checkpoints, metrics. Asks the meters for timings."""
+"""The epoch loop: AMP, gradient accumulation, validation, checkpoints, metrics; the meters time it."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,8 +16,9 @@ from tqdm import tqdm
 from train import checkpoint
 from train.data import DataPipeline
 from train.data.loader import explain_loader_error
-from train.dist import DistEnv, all_reduce_max, all_reduce_sum
+from train.dist import DistEnv, all_reduce_max, all_reduce_sum, barrier
 from train.meters import EpochMeter, append_jsonl
+from train.monitoring import Monitor
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +32,20 @@ class Progress:
     batch_in_epoch: int = 0  # batches of `epoch` already trained
 
 
+def test_kill_step(env: DistEnv) -> int | None:
+    """Test hook: LOADOUT_TEST_KILL_AT_STEP=N [LOADOUT_TEST_KILL_RANK=R, default 0] makes rank R SIGKILL
+    itself right after step N (and its checkpoint), on torchrun's first attempt only."""
+    step = os.environ.get("LOADOUT_TEST_KILL_AT_STEP")
+    if step is None or env.restart_count > 0 or env.rank != int(os.environ.get("LOADOUT_TEST_KILL_RANK", 0)):
+        return None
+    return int(step)
+
+
 class Trainer:
     def __init__(self, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
-                 run_dir: Path):
+                 run_dir: Path, monitor: Monitor | None = None):
         self.cfg, self.env, self.device, self.data, self.run_dir = cfg, env, device, data, run_dir
+        self.monitor = monitor or Monitor()  # TensorBoard / Prometheus; closed by whoever built it
         tc = cfg.trainer
         self.model = model
         self.ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
@@ -41,9 +54,9 @@ class Trainer:
         self.optimizer = torch.optim.SGD(model.parameters(), lr=tc.lr, momentum=tc.momentum,
                                          weight_decay=tc.weight_decay, nesterov=True)
         self.steps_per_epoch = max(len(data.train_loader) // tc.grad_accum_steps, 1)
+        # The schedule spans the configured epochs; trainer.max_steps only cuts a run short (smoke runs), so a
+        # run stopped by it and resumed later follows the same schedule.
         self.total_steps = tc.epochs * self.steps_per_epoch
-        if tc.max_steps is not None:
-            self.total_steps = min(self.total_steps, tc.max_steps)
         self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
             self.optimizer, max_lr=tc.lr, total_steps=max(self.total_steps, 1), pct_start=0.15)
         self.use_scaler = tc.amp and device.type == "cuda"
@@ -52,8 +65,12 @@ class Trainer:
         self.progress = Progress()
         self.metrics_path = run_dir / "metrics.jsonl"
         self.checkpoint_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST
+        self.samples = checkpoint.SampleLog(run_dir, env.rank) if tc.record_samples else None
+        self.kill_at_step = test_kill_step(env)
+        # Batches on the device; its state_dict() is the loader's position as of the last batch trained.
+        self.train_stream = data.on_device(data.train_loader)
 
-    # -- precision ----------------------------------------------------------------------------------------------
+    # -- precision -------------------------------------------------------------------------------------------
     def autocast(self):
         tc = self.cfg.trainer
         if self.device.type == "cuda" and tc.amp:
@@ -62,7 +79,7 @@ class Trainer:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    # -- checkpoints --------------------------------------------------------------------------------------------
+    # -- checkpoints -----------------------------------------------------------------------------------------
     def state_dict(self, loader_state: dict | None) -> dict:
         return {
             "model": self.model.state_dict(),
@@ -74,8 +91,15 @@ class Trainer:
         }
 
     def save(self, loader_state: dict | None) -> None:
+        """Called by every rank at the same step. Sample logs go first (a checkpoint is never newer than
+        them), then rank 0 writes atomically; the barrier after it keeps every rank from moving on (or dying)
+        before the file on disk is whole, so a restarted group resumes from one checkpoint."""
+        if self.samples is not None:
+            self.samples.write()
+            barrier()
         if self.env.is_main:
             checkpoint.save_atomic(self.state_dict(loader_state), self.checkpoint_path)
+        barrier()
 
     def resume(self, path: Path) -> None:
         state = checkpoint.load(path, self.device)
@@ -84,15 +108,16 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
-        if state.get("loader") is not None:
+        if state.get("loader") is not None and self.progress.batch_in_epoch < len(self.data.train_loader):
             self.data.set_epoch(self.progress.epoch)
             self.data.train_loader.load_state_dict(state["loader"])
         log.info("resumed from %s at epoch %d, batch %d, step %d", path, self.progress.epoch + 1,
                  self.progress.batch_in_epoch, self.progress.step)
 
-    # -- loop ---------------------------------------------------------------------------------------------------
+    # -- loop ------------------------------------------------------------------------------------------------
     def done(self) -> bool:
-        return self.progress.step >= self.total_steps
+        max_steps = self.cfg.trainer.max_steps
+        return self.progress.step >= self.total_steps or (max_steps is not None and self.progress.step >= max_steps)
 
     def fit(self) -> list[dict]:
         tc = self.cfg.trainer
@@ -100,10 +125,15 @@ class Trainer:
         while self.progress.epoch < tc.epochs and not self.done():
             train_stats = self.train_epoch()
             val_stats = self.evaluate()
-            record = {"epoch": self.progress.epoch + 1, **train_stats, **val_stats}
+            complete = self.progress.batch_in_epoch >= len(self.data.train_loader)
+            record = {"epoch": self.progress.epoch + 1, "epoch_complete": complete, **train_stats, **val_stats}
             records.append(record)
-            self.progress = Progress(epoch=self.progress.epoch + 1, step=self.progress.step)
-            self.save(loader_state=None)
+            self.monitor.on_epoch(self.progress.step, record)
+            if not complete:  # cut short by trainer.max_steps: resume finishes this epoch
+                self.save(loader_state=self.train_stream.state_dict())
+            else:
+                self.progress = Progress(epoch=self.progress.epoch + 1, step=self.progress.step)
+                self.save(loader_state=None)
             if self.env.is_main:
                 append_jsonl(self.metrics_path, record)
                 log.info("epoch %d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  %.0f img/s  data_wait %.1f%%  "
@@ -114,9 +144,8 @@ class Trainer:
                          if record["bad_samples"] else "")
         return records
 
-    def _batches(self, loader, meter: EpochMeter, desc: str, total: int):
+    def _batches(self, batches, meter: EpochMeter, desc: str, total: int):
         """Batches on the device; a dead worker or a timeout becomes an error naming its cause."""
-        batches = self.data.on_device(loader)
         show = self.cfg.trainer.progress and self.env.is_main
         bar = tqdm(total=total, desc=desc, leave=False, disable=not show, dynamic_ncols=True)
         iterator = iter(batches)
@@ -145,9 +174,16 @@ class Trainer:
         accum = tc.grad_accum_steps
         loader = self.data.train_loader
         remaining = len(loader) - self.progress.batch_in_epoch
+        if self.samples is not None:
+            self.samples.start(self.progress.epoch, self.progress.batch_in_epoch)
         micro = 0
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
-        for images, targets, bad in self._batches(loader, meter, desc, remaining):
+        # remaining == 0: resumed from a checkpoint taken after the epoch's last batch, before its validation
+        batches = self._batches(self.train_stream, meter, desc, remaining) if remaining > 0 else ()
+        for images, targets, bad, *indices in batches:
+            self.progress.batch_in_epoch += 1
+            if self.samples is not None:
+                self.samples.add(indices[0] if indices else None)
             if images.numel() == 0:
                 meter.stepped(0, 0.0, bad)
                 continue
@@ -158,7 +194,6 @@ class Trainer:
                 loss = self.criterion(self.forward(images), targets)
             with ctx:
                 self.scaler.scale(loss / accum).backward()
-            self.progress.batch_in_epoch += 1
             if sync:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -166,9 +201,12 @@ class Trainer:
                 self.scheduler.step()
                 self.progress.step += 1
             meter.stepped(images.shape[0], loss.item(), bad)
+            self.monitor.on_step(self.progress.step, meter)
             every = tc.checkpoint_every_steps
             if sync and every and self.progress.step % every == 0:
-                self.save(loader_state=loader.state_dict())
+                self.save(loader_state=self.train_stream.state_dict())
+            if self.progress.step == self.kill_at_step:
+                os.kill(os.getpid(), signal.SIGKILL)
             if self.done():
                 break
         return self._reduce_train(meter.summary())
@@ -192,7 +230,7 @@ class Trainer:
         meter = EpochMeter()
         loss_sum, correct, count = 0.0, 0.0, 0.0
         loader = self.data.val_loader
-        for images, targets, _bad in self._batches(loader, meter, "val", len(loader)):
+        for images, targets, *_ in self._batches(self.data.on_device(loader), meter, "val", len(loader)):
             if images.numel() == 0:
                 continue
             with self.autocast():

@@ -1,0 +1,100 @@
+"""Profiles compose with their values, the command line wins, and bad input fails with the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from tests.conftest import compose_config
+from train.config import ConfigError, validate
+from train.data.loader import resolve_num_workers
+
+PROFILES = {
+    "rtx3060": dict(batch_size=32, num_workers=3, pin_memory=True, prefetch_factor=2, persistent_workers=False),
+    "rtx4080": dict(batch_size=64, num_workers=6, pin_memory=True, prefetch_factor=3, persistent_workers=True),
+    "a100": dict(batch_size=128, num_workers=12, pin_memory=True, prefetch_factor=4, persistent_workers=True,
+                 sampler="auto"),
+    "cpu": dict(batch_size=32, num_workers="auto", pin_memory=False, prefetch_factor=None),
+}
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_profile_carries_its_values(profile):
+    cfg = compose_config([f"hardware={profile}"])
+    for key, expected in PROFILES[profile].items():
+        assert cfg.data[key] == expected, f"hardware={profile}: data.{key}"
+    validate(cfg)
+
+
+@pytest.mark.parametrize("profile", ["rtx3060", "rtx4080", "a100"])
+def test_gpu_profiles_turn_on_amp_and_channels_last(profile):
+    cfg = compose_config([f"hardware={profile}"])
+    assert cfg.trainer.amp and cfg.trainer.channels_last
+    assert cfg.data.image_size == 224
+
+
+def test_auto_profile_follows_the_machine():
+    cfg = compose_config([])
+    OmegaConf.resolve(cfg)
+    has_cuda = torch.cuda.is_available()
+    assert cfg.data.num_workers == "auto"
+    assert cfg.data.pin_memory is has_cuda
+    assert cfg.trainer.amp is has_cuda
+
+
+def test_command_line_wins_over_profile():
+    cfg = compose_config(["hardware=rtx3060", "data.num_workers=2", "data.pin_memory=false", "data.batch_size=8"])
+    assert (cfg.data.num_workers, cfg.data.pin_memory, cfg.data.batch_size) == (2, False, 8)
+    assert cfg.data.prefetch_factor == 2  # untouched keys keep the profile's value
+
+
+def test_every_dataloader_knob_is_overridable():
+    overrides = ["data.shuffle=false", "data.sampler=sequential", "data.num_workers=1", "data.pin_memory=true",
+                 "data.prefetch_factor=5", "data.persistent_workers=true", "data.drop_last=false", "data.timeout=30.5",
+                 "data.multiprocessing_context=spawn", "data.in_order=false", "data.non_blocking=false"]
+    cfg = compose_config(["hardware=cpu", *overrides])
+    for item in overrides:
+        key, value = item.split("=")
+        assert str(OmegaConf.select(cfg, key)).lower() == value
+
+
+def test_num_workers_auto_divides_cores_among_local_processes():
+    assert resolve_num_workers("auto", local_world_size=1, cores=16) == 12
+    assert resolve_num_workers("auto", local_world_size=4, cores=16) == 3
+    assert resolve_num_workers("auto", local_world_size=8, cores=4) == 0
+    assert resolve_num_workers(5, local_world_size=8, cores=4) == 5
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.num_wrkers=2", "num_wrkers"),
+    ("data.batch_size=big", "data.batch_size"),
+    ("data.pin_memory=maybe", "data.pin_memory"),
+    ("trainer.epoch=3", "epoch"),
+])
+def test_typos_and_wrong_types_fail_at_composition(override, message):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_config([override])
+    assert message in str(err.value) + str(err.value.__cause__)
+
+
+@pytest.mark.parametrize("overrides, key, fix", [
+    (["hardware=rtx3060", "data.num_workers=0"], "data.prefetch_factor=2", "data.prefetch_factor=null"),
+    (["hardware=cpu", "data.num_workers=0"], "data.persistent_workers=true", "data.persistent_workers=false"),
+    (["data.num_workers=-1"], "data.num_workers=-1", "integer >= 0"),
+    (["data.num_workers=many"], "data.num_workers='many'", "auto"),
+    (["data.batch_size=-4"], "data.batch_size=-4", "positive"),
+    (["data.timeout=-1"], "data.timeout=-1", ">= 0"),
+    (["data.prefetch_factor=0"], "data.prefetch_factor=0", ">= 1"),
+    (["data.sampler=shuffled"], "data.sampler='shuffled'", "distributed"),
+    (["data.dataset=imagenet"], "data.dataset='imagenet'", "imagefolder"),
+    (["trainer.epochs=0"], "trainer.epochs=0", "positive"),
+    (["trainer.max_steps=-1"], "trainer.max_steps=-1", "positive"),
+    (["trainer.resume=/no/such/file.pt"], "trainer.resume", "no such checkpoint"),
+])
+def test_bad_combinations_name_the_key_and_the_fix(overrides, key, fix):
+    cfg = compose_config(overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert key in str(err.value) and fix in str(err.value)
