@@ -29,21 +29,24 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
     from train.data import build_data
     from train.engine import Trainer
     from train.model import build_model
+    from train.monitoring import Monitor
 
     env = DistEnv.from_env()
     validate(cfg)
     device = dist.select_device(cfg.trainer.device, env)
     dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)
-    data = build_data(cfg, env, device)
-    dist.init_process_group(env, device)
+    monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken metrics port fails before any worker
     try:
+        data = build_data(cfg, env, device)
+        dist.init_process_group(env, device)
         model = build_model(cfg.model.name, data.num_classes, device, channels_last=cfg.trainer.channels_last)
-        trainer = Trainer(cfg, env, device, data, model, run_dir)
+        trainer = Trainer(cfg, env, device, data, model, run_dir, monitor)
         resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir)
         if resume_path is not None:
             trainer.resume(resume_path)
         return trainer.fit()
     finally:
+        monitor.close()
         dist.destroy_process_group()
 
 

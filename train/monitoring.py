@@ -1,0 +1,326 @@
+"""Live loader health: TensorBoard scalars (rank 0) and a Prometheus endpoint (each rank: port + LOCAL_RANK).
+
+The engine calls `Monitor.on_step` after every step and `Monitor.on_epoch` after every epoch. Per step that
+is a clock read until `interval_s` has passed, then one flush of windowed figures (loss, images/s, data-wait
+fraction) and, for TensorBoard, one memory sample (main + DataLoader worker RSS via psutil, /dev/shm, CUDA
+memory). Prometheus reads memory at scrape time through a collector, so worker memory stays live while the
+loop waits on data or evaluates.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from train.config import ConfigError
+from train.dist import DistEnv
+from train.meters import EpochMeter
+
+log = logging.getLogger(__name__)
+
+SHM_PATH = "/dev/shm"
+MIB = 2**20
+
+
+# -- memory --------------------------------------------------------------------------------------------------
+@dataclass
+class MemorySample:
+    """Bytes: this process, each DataLoader worker (child pid -> RSS), /dev/shm, CUDA memory on the device."""
+
+    main_rss: int
+    worker_rss: dict[int, int]
+    shm_used: int | None = None
+    shm_total: int | None = None
+    gpu_allocated: int | None = None
+    gpu_peak: int | None = None
+
+    @property
+    def total_rss(self) -> int:
+        return self.main_rss + sum(self.worker_rss.values())
+
+
+@dataclass
+class MemorySampler:
+    """Samples memory on demand and keeps the peak of main + workers RSS seen so far."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    peak_rss: int = 0
+
+    def sample(self) -> MemorySample:
+        me = psutil.Process()
+        workers = {}
+        for child in me.children(recursive=True):
+            try:
+                workers[child.pid] = child.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        sample = MemorySample(main_rss=me.memory_info().rss, worker_rss=workers)
+        try:
+            shm = shutil.disk_usage(SHM_PATH)
+            sample.shm_used, sample.shm_total = shm.used, shm.total
+        except OSError:  # no /dev/shm (macOS, Windows)
+            pass
+        if self.device.type == "cuda":
+            sample.gpu_allocated = torch.cuda.memory_allocated(self.device)
+            sample.gpu_peak = torch.cuda.max_memory_allocated(self.device)
+        self.peak_rss = max(self.peak_rss, sample.total_rss)
+        return sample
+
+
+# -- windowed step figures -----------------------------------------------------------------------------------
+@dataclass
+class StepWindow:
+    """Figures over the steps since the last flush, from an EpochMeter's running totals."""
+
+    step: int
+    loss: float
+    images: int
+    elapsed_s: float
+    data_wait_s: float
+    bad_samples: int
+    first_batch_s: float | None
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def data_wait_frac(self) -> float:
+        return min(self.data_wait_s / self.elapsed_s, 1.0) if self.elapsed_s > 0 else 0.0
+
+
+class _WindowTracker:
+    """An EpochMeter's running totals as per-window deltas; a new meter (a new epoch) restarts the window."""
+
+    def __init__(self) -> None:
+        self._meter: EpochMeter | None = None
+        self._images = self._wait = self._loss = self._bad = 0.0
+        self._t = self._last_t = 0.0
+        self._last_step = 0
+
+    def note(self, step: int, meter: EpochMeter, now: float, interval_s: float) -> bool:
+        """Record a finished step; True when a window is due (interval passed, or an epoch's first step)."""
+        fresh = meter is not self._meter
+        if fresh:
+            self._meter, self._t = meter, meter.start
+            self._images = self._wait = self._loss = self._bad = 0.0
+        self._last_step, self._last_t = step, now
+        return fresh or now - self._t >= interval_s
+
+    def take(self) -> StepWindow | None:
+        """The window up to the last noted step (None when nothing happened since the last take)."""
+        meter = self._meter
+        if meter is None or self._last_t <= self._t:
+            return None
+        images = meter.images - self._images
+        window = StepWindow(
+            step=self._last_step, loss=(meter.loss_sum - self._loss) / images if images else math.nan,
+            images=int(images), elapsed_s=self._last_t - self._t, data_wait_s=meter.data_wait_s - self._wait,
+            bad_samples=int(meter.bad_samples - self._bad), first_batch_s=meter.first_batch_s)
+        self._images, self._wait = meter.images, meter.data_wait_s
+        self._loss, self._bad = meter.loss_sum, meter.bad_samples
+        self._t = self._last_t
+        return window
+
+
+# -- sinks ---------------------------------------------------------------------------------------------------
+class TensorBoardSink:
+    """Scalars in the run dir (one event file per process start; resumed runs purge the steps they redo)."""
+
+    def __init__(self, log_dir: Path, flush_secs: int = 10):
+        self.log_dir, self.flush_secs = log_dir, flush_secs
+        self._writer = None
+
+    def _w(self, step: int):
+        if self._writer is None:  # lazily, so a resumed run knows its step and purges the crashed run's tail
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.log_dir), purge_step=step, flush_secs=self.flush_secs)
+        return self._writer
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        writer = self._w(step)
+        for tag, value in scalars.items():
+            if value is not None and math.isfinite(value):
+                writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+class _MemoryCollector(Collector):
+    """Memory read at scrape time: live even while the loop is stalled on data or evaluating."""
+
+    def __init__(self, sampler: MemorySampler, rank: str):
+        self.sampler, self.rank = sampler, rank
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        s = self.sampler.sample()
+
+        def gauge(name: str, doc: str, value: float | None) -> Iterator[GaugeMetricFamily]:
+            if value is not None:
+                family = GaugeMetricFamily(name, doc, labels=["rank"])
+                family.add_metric([self.rank], value)
+                yield family
+
+        yield from gauge("loadout_main_rss_bytes", "RSS of the training process", s.main_rss)
+        workers = GaugeMetricFamily("loadout_worker_rss_bytes", "RSS of each DataLoader worker (child)",
+                                    labels=["rank", "pid"])
+        for pid, rss in sorted(s.worker_rss.items()):
+            workers.add_metric([self.rank, str(pid)], rss)
+        yield workers
+        yield from gauge("loadout_workers", "Live DataLoader worker processes", len(s.worker_rss))
+        yield from gauge("loadout_peak_rss_bytes", "Peak RSS of main + workers", self.sampler.peak_rss)
+        yield from gauge("loadout_shm_used_bytes", "/dev/shm bytes in use", s.shm_used)
+        yield from gauge("loadout_shm_size_bytes", "/dev/shm size", s.shm_total)
+        yield from gauge("loadout_gpu_memory_allocated_bytes", "CUDA memory in tensors", s.gpu_allocated)
+        yield from gauge("loadout_gpu_memory_peak_bytes", "Peak CUDA memory in tensors", s.gpu_peak)
+
+
+class PrometheusSink:
+    """An HTTP /metrics endpoint on its own registry; raises ConfigError at start when the port is taken."""
+
+    def __init__(self, port: int, host: str, env: DistEnv, sampler: MemorySampler):
+        self.port = port + env.local_rank
+        if self.port > 65535:
+            raise ConfigError(f"trainer.metrics_port={port}: port + LOCAL_RANK ({env.local_rank}) exceeds "
+                              f"65535; use a base port <= {65535 - env.local_world_size + 1}")
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.rank = rank = str(env.rank)
+        labels = {"labelnames": ["rank"], "registry": self.registry}
+
+        def gauge(name: str, doc: str) -> Gauge:  # its rank child appears on the first set: no fake zeros
+            return Gauge(name, doc, **labels)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, **labels).labels(rank)
+
+        self.step = gauge("loadout_step", "Optimizer steps taken")
+        self.epoch = gauge("loadout_epoch", "Epochs completed")
+        self.loss = gauge("loadout_train_loss", "Training loss over the last window")
+        self.images_per_s = gauge("loadout_images_per_second", "Training images/s over the last window")
+        self.data_wait = gauge("loadout_data_wait_ratio", "Share of the last window spent waiting for data")
+        self.first_batch = gauge("loadout_first_batch_seconds", "Latency of this epoch's first batch")
+        self.val_acc = gauge("loadout_val_accuracy", "Validation accuracy after the last epoch")
+        self.val_loss = gauge("loadout_val_loss", "Validation loss after the last epoch")
+        self.images_total = counter("loadout_images", "Training images processed")
+        self.wait_total = counter("loadout_data_wait_seconds", "Seconds the training loop waited for data")
+        self.train_total = counter("loadout_train_seconds", "Seconds spent in the training loop")
+        self.bad_total = counter("loadout_bad_samples", "Samples skipped as unreadable")
+        self.registry.register(_MemoryCollector(sampler, rank))
+        try:
+            self._server, self._thread = start_http_server(self.port, addr=host, registry=self.registry)
+        except OSError as err:
+            where = f"{host}:{self.port} (base + LOCAL_RANK {env.local_rank})"
+            if err.errno == errno.EADDRINUSE:
+                fix = "is already in use: free it, pick another base port, or set trainer.metrics_port=null"
+            else:
+                fix = f"cannot be served ({err.strerror}): fix trainer.metrics_host or set metrics_port=null"
+            raise ConfigError(f"trainer.metrics_port={port}: {where} {fix}") from err
+        log.info("metrics for rank %d on http://%s:%d/metrics", env.rank, host, self.port)
+
+    def _set(self, gauge: Gauge, value: float) -> None:
+        gauge.labels(self.rank).set(value)
+
+    def write(self, w: StepWindow) -> None:
+        self._set(self.step, w.step)
+        if w.images:
+            self._set(self.loss, w.loss)
+        self._set(self.images_per_s, w.images_per_s)
+        self._set(self.data_wait, w.data_wait_frac)
+        if w.first_batch_s is not None:
+            self._set(self.first_batch, w.first_batch_s)
+        self.images_total.inc(w.images)
+        self.wait_total.inc(max(w.data_wait_s, 0.0))
+        self.train_total.inc(max(w.elapsed_s, 0.0))
+        self.bad_total.inc(w.bad_samples)
+
+    def write_epoch(self, record: dict) -> None:
+        self._set(self.epoch, record["epoch"])
+        for gauge, key in ((self.val_acc, "val_acc"), (self.val_loss, "val_loss")):
+            if key in record:
+                self._set(gauge, record[key])
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+# -- the interface the engine sees ---------------------------------------------------------------------------
+class Monitor:
+    """What the engine calls; a Monitor with no sinks does nothing (the default in Trainer)."""
+
+    def __init__(self, tensorboard: TensorBoardSink | None = None, prometheus: PrometheusSink | None = None,
+                 sampler: MemorySampler | None = None, interval_s: float = 2.0):
+        self.tensorboard, self.prometheus = tensorboard, prometheus
+        self.sampler = sampler or MemorySampler()
+        self.interval_s = interval_s
+        self._window = _WindowTracker()
+
+    @classmethod
+    def from_config(cls, cfg, env: DistEnv, device: torch.device, run_dir: Path) -> Monitor:
+        """TensorBoard on rank 0 if trainer.tensorboard; Prometheus on every rank if trainer.metrics_port."""
+        tc = cfg.trainer
+        sampler = MemorySampler(device)
+        tb = TensorBoardSink(run_dir) if tc.tensorboard and env.is_main else None
+        prom = PrometheusSink(tc.metrics_port, tc.metrics_host, env, sampler) if tc.metrics_port is not None \
+            else None
+        return cls(tb, prom, sampler)
+
+    @property
+    def enabled(self) -> bool:
+        return self.tensorboard is not None or self.prometheus is not None
+
+    def on_step(self, step: int, meter: EpochMeter) -> None:
+        """After each training step; flushes at most every `interval_s` (and at an epoch's first step)."""
+        if self.enabled and self._window.note(step, meter, time.perf_counter(), self.interval_s):
+            self._flush(self._window.take())
+
+    def _flush(self, window: StepWindow | None) -> None:
+        if window is None:
+            return
+        if self.prometheus is not None:
+            self.prometheus.write(window)
+        if self.tensorboard is not None:
+            mem = self.sampler.sample()
+            self.tensorboard.write(window.step, {
+                "train/loss": window.loss if window.images else None,
+                "train/images_per_s": window.images_per_s,
+                "train/data_wait_frac": window.data_wait_frac,
+                "memory/main_rss_mb": mem.main_rss / MIB,
+                "memory/workers_rss_mb": sum(mem.worker_rss.values()) / MIB,
+                "memory/peak_rss_mb": self.sampler.peak_rss / MIB,
+                "memory/shm_used_mb": mem.shm_used / MIB if mem.shm_used is not None else None,
+                "memory/gpu_allocated_mb": mem.gpu_allocated / MIB if mem.gpu_allocated is not None else None,
+                "memory/gpu_peak_mb": mem.gpu_peak / MIB if mem.gpu_peak is not None else None,
+                "loader/workers": len(mem.worker_rss),
+            })
+
+    def on_epoch(self, step: int, record: dict) -> None:
+        """After each epoch with its (rank-reduced) record: the epoch's last window, then every numeric field
+        of the record as `epoch/<key>`."""
+        if self.enabled:
+            self._flush(self._window.take())
+        if self.prometheus is not None:
+            self.prometheus.write_epoch(record)
+        if self.tensorboard is not None:
+            self.tensorboard.write(step, {f"epoch/{key}": float(value) for key, value in record.items()
+                                          if isinstance(value, int | float) and key != "epoch"})
+
+    def close(self) -> None:
+        for sink in (self.tensorboard, self.prometheus):
+            if sink is not None:
+                sink.close()
