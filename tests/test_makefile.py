@@ -1,0 +1,54 @@
+"""The Makefile from a clean clone: help lists every target, dataset and train work (reusing this .venv)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, read_metrics
+
+VENV = Path(sys.prefix)
+
+
+def make(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    # -o: treat the shared venv's install stamp as up to date, so the clone does not reinstall into it.
+    cmd = ["make", f"VENV={VENV}", "-o", f"{VENV}/.installed", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def clean_clone(tmp_path_factory) -> Path:
+    if shutil.which("make") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs make and a git checkout")
+    clone = tmp_path_factory.mktemp("clone") / "loadout"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    return clone
+
+
+def test_help_lists_every_documented_target(clean_clone):
+    targets = re.findall(r"^([a-zA-Z_-]+):.*## ", (clean_clone / "Makefile").read_text(), flags=re.M)
+    assert {"setup", "dataset", "train", "test", "help"} <= set(targets)
+    result = make(["help"], clean_clone)
+    assert result.returncode == 0, result.stderr
+    for target in targets:
+        assert re.search(rf"^\s*\S*{target}\S*\s", result.stdout, flags=re.M), target
+
+
+@pytest.mark.slow
+def test_dataset_then_train_from_a_clean_clone(clean_clone, tmp_path):
+    result = make(["dataset"], clean_clone)
+    assert result.returncode == 0, result.stderr
+    assert len(list((clean_clone / "data/synthetic/train").glob("*/*.jpg"))) == 1500
+    again = make(["dataset"], clean_clone)
+    assert "scripts/make_dataset.py" not in again.stdout  # made once, then left alone
+    run_dir = tmp_path / "run"
+    args = f"hardware=cpu trainer.epochs=1 trainer.max_steps=3 trainer.progress=false data.num_workers=1 " \
+           f"hydra.run.dir={run_dir}"
+    result = make(["train", f"ARGS={args}"], clean_clone)
+    assert result.returncode == 0, result.stderr
+    assert read_metrics(run_dir)[0]["epoch"] == 1
