@@ -45,5 +45,10 @@ lint: setup ## ruff on the Python sources
 test-container: setup dataset ## Build the image (stand-in base when the real one can't be pulled) and run compose for real
 	bash scripts/test_container.sh
 
+TB_HOST ?= 127.0.0.1
+TB_PORT ?= 6006
+tensorboard: setup ## Serve outputs/ in TensorBoard on http://127.0.0.1:6006 (TB_HOST=0.0.0.0 to share it)
+	$(VENV)/bin/tensorboard --logdir outputs --host $(TB_HOST) --port $(TB_PORT)
+
 clean: ## Remove outputs/ and multirun/ (keeps .venv and data/)
 	rm -rf outputs multirun
