@@ -19,12 +19,15 @@ class DistEnv:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
+    restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: > 0 after the group was restarted
 
     @classmethod
     def from_env(cls) -> DistEnv:
         env = os.environ
         return cls(rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
-                   world_size=int(env.get("WORLD_SIZE", 1)), local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)))
+                   world_size=int(env.get("WORLD_SIZE", 1)),
+                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+                   restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
 
     @property
     def distributed(self) -> bool:
@@ -90,8 +93,8 @@ def barrier() -> None:
 
 
 def seed_everything(seed: int, env: DistEnv, deterministic: bool = False) -> None:
-    """The same model init on every rank (DDP also broadcasts it); data order and augmentation are seeded per rank
-    by the loader (train/data/workers.py)."""
+    """The same model init on every rank (DDP also broadcasts it). Data order comes from the sampler, each
+    sample's augmentation from (seed, epoch, index) (train/data/resumable.py)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
