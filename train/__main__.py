@@ -41,7 +41,8 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
         dist.init_process_group(env, device)
         model = build_model(cfg.model.name, data.num_classes, device, channels_last=cfg.trainer.channels_last)
         trainer = Trainer(cfg, env, device, data, model, run_dir, monitor)
-        resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir)
+        restarted = env.restart_count > 0  # torchrun restarted the group: continue this run dir
+        resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir, restarted=restarted)
         if resume_path is not None:
             trainer.resume(resume_path)
         return trainer.fit()
