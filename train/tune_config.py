@@ -1,0 +1,116 @@
+"""The `tune:` node of `python -m train.tune` (schema + checks), and the sweep checked as a whole before any job runs.
+
+The schema is stored as `tune_schema` = {tune: TuneConfig}; conf/tune.yaml puts it in front of the training config,
+so `python -m train` never sees a `tune` key (a stray `tune.*` override still fails there).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+from hydra import compose
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from train.config import ConfigError, _fail, validate
+from train.data.loader import usable_cores
+
+WORKER_ONLY_KNOBS = {"prefetch_factor": None, "persistent_workers": False, "timeout": 0.0,
+                     "multiprocessing_context": None}
+
+
+@dataclass
+class TuneConfig:
+    """How each configuration of the sweep is measured, and what autotune keeps."""
+
+    repeats: int = 3  # epochs measured per configuration: one throughput sample and one first-batch latency each
+    warmup_batches: int = 5  # batches at the start of each epoch left out of the throughput
+    batches: int | None = 50  # batches timed per epoch after the warm-up; null = the rest of the epoch
+    with_model: bool = False  # run real training steps too and report the data-stall fraction
+    autotune: bool = False  # write the fastest configuration within memory_budget_mb as a hardware profile
+    memory_budget_mb: float | None = None  # peak RSS (main + workers) allowed; null = no limit
+    tolerance: float = 0.05  # within this fraction of the fastest, the configuration using less memory wins
+    profile_path: str | None = None  # null = conf/hardware/local.yaml (then usable as hardware=local)
+    plot: bool = True
+    rss_interval_s: float = 0.1  # how often memory and /dev/shm are sampled while a configuration runs
+
+
+def register_tune() -> None:
+    """Store the `tune_schema` config that conf/tune.yaml lists first; safe to call more than once.
+
+    A plain dict around the typed node: a dataclass root would refuse the training schema merged after it."""
+    ConfigStore.instance().store(name="tune_schema", node={"tune": TuneConfig})
+
+
+def validate_tune(cfg) -> None:
+    """The training config's checks plus the tune node's, naming the key and the fix."""
+    validate(cfg)
+    tune = cfg.tune
+    if tune.repeats < 1:
+        _fail("tune.repeats", tune.repeats, "use an integer >= 1 (3 or more shows persistent workers' effect)")
+    if tune.warmup_batches < 0:
+        _fail("tune.warmup_batches", tune.warmup_batches, "use an integer >= 0")
+    if tune.batches is not None and tune.batches < 1:
+        _fail("tune.batches", tune.batches, "use a positive integer, or null for the rest of each epoch")
+    if tune.memory_budget_mb is not None and tune.memory_budget_mb <= 0:
+        _fail("tune.memory_budget_mb", tune.memory_budget_mb, "use a positive number of MiB, or null for no limit")
+    if not 0 <= tune.tolerance < 1:
+        _fail("tune.tolerance", tune.tolerance, "use a fraction in [0, 1), e.g. 0.05")
+    if tune.rss_interval_s <= 0:
+        _fail("tune.rss_interval_s", tune.rss_interval_s, "use a positive number of seconds")
+
+
+def normalize_worker_knobs(cfg: DictConfig) -> list[str]:
+    """With data.num_workers=0 the worker-only knobs mean nothing: turn them off so a sweep such as
+    `data.num_workers=0,4 data.persistent_workers=true` stays valid. Returns the keys changed."""
+    changed = []
+    if cfg.data.num_workers != 0:
+        return changed
+    with open_dict(cfg):
+        for key, off in WORKER_ONLY_KNOBS.items():
+            if cfg.data[key] != off:
+                cfg.data[key] = off
+                changed.append(f"data.{key}")
+    return changed
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """Every job's overrides, as Hydra's basic sweeper forms them (the cartesian product of `a=1,2` values)."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    axes = []
+    for override in parsed:
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            axes.append([f"{key}={override.get_value_element_as_str()}"])
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def check_sweep(config_name: str, overrides: list[str]) -> int:
+    """Compose and validate every job of the sweep before the first one starts; returns the number of jobs."""
+    jobs = expand_sweep(overrides)
+    for job in jobs:
+        try:
+            cfg = compose(config_name=config_name, overrides=job)
+        except HydraException as err:
+            raise ConfigError(f"{' '.join(job)}: {err}") from err
+        OmegaConf.resolve(cfg)
+        normalize_worker_knobs(cfg)
+        validate_tune(cfg)
+    return len(jobs)
+
+
+def default_sweep(cores: int | None = None, cuda: bool | None = None) -> str:
+    """`make tune`'s sweep for this machine: workers 0..0.75 x cores, pin_memory only with CUDA, persistence."""
+    cores = usable_cores() if cores is None else cores
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    top = max(1, int(0.75 * cores))
+    workers = sorted({0, *range(1, min(top, 4) + 1), *range(4, top + 1, 2), top})
+    pin = "true,false" if cuda else "false"
+    return (f"data.num_workers={','.join(map(str, workers))} data.pin_memory={pin} "
+            "data.persistent_workers=true,false")
