@@ -3,6 +3,7 @@
 Metadata lives in numpy arrays, never Python lists: a list of paths read by every worker is copied page by page
 into each worker (copy-on-read refcounts, pytorch/pytorch#13246) and worker memory grows over an epoch.
 A sample that fails to decode comes back as None: the collate function skips and counts it (data.on_bad_sample).
+With data.cache_bytes, decoded training samples live in a shared-memory cache (cache.py) from epoch 2 on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_image
 
 from train.config import ConfigError
+from train.data.cache import SharedSampleCache
+from train.data.loader import LoaderError
+from train.data.transforms import build_train_transform, build_val_transform, resize_size
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +29,15 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
 
+class BadSampleError(LoaderError):
+    """An unreadable sample under data.on_bad_sample=raise."""
+
+
 class ImageFolderDataset(Dataset):
     """root/<class>/<image> with classes sorted by name; decodes with libjpeg-turbo into a uint8 CHW tensor."""
 
-    def __init__(self, root: str | Path, transform: Transform | None = None, on_bad_sample: str = "warn"):
+    def __init__(self, root: str | Path, transform: Transform | None = None, on_bad_sample: str = "warn",
+                 cache: SharedSampleCache | None = None):
         root = Path(root)
         self.classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         paths, targets = [], []
@@ -43,6 +52,7 @@ class ImageFolderDataset(Dataset):
         self.targets = np.array(targets, dtype=np.int64)
         self.transform = transform
         self.on_bad_sample = on_bad_sample
+        self.cache = cache
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -56,11 +66,11 @@ class ImageFolderDataset(Dataset):
 
     def __getitem__(self, index: int):
         try:
-            image = self.load(index)
+            image = self.load(index) if self.cache is None else self.cache.fetch(index, self.load)
         except (RuntimeError, OSError, ValueError) as err:
             path = self.paths[index].decode()
             if self.on_bad_sample == "raise":
-                raise RuntimeError(f"cannot decode {path}: {err} (data.on_bad_sample=warn skips such files)") from err
+                raise BadSampleError(f"cannot decode {path}: {err} (data.on_bad_sample=warn skips such files)") from err
             log.warning("skipping unreadable image %s: %s", path, err)
             return None
         if self.transform is not None:
@@ -125,24 +135,42 @@ def split_root(root: str | Path, split: str) -> Path:
     return path
 
 
-def build_datasets(data_cfg, train_transform: Transform, val_transform: Transform) -> tuple[Dataset, Dataset, int]:
-    """(train, val, num_classes) for data.dataset."""
+def _shared_cache(data_cfg, num_samples: int) -> SharedSampleCache:
+    """The sample cache, allocated here in the main process before any worker starts."""
+    from train.data.shm import check_shm
+
+    problem = check_shm(data_cfg.cache_bytes)
+    if problem:
+        raise ConfigError(f"data.cache_bytes={data_cfg.cache_bytes}: {problem}")
+    return SharedSampleCache(num_samples, resize_size(data_cfg), data_cfg.cache_bytes)
+
+
+def build_datasets(data_cfg, train_transform: Transform | None = None,
+                   val_transform: Transform | None = None) -> tuple[Dataset, Dataset, int]:
+    """(train, val, num_classes) for data.dataset; transforms default to the seed pipeline for its input size."""
     kind = data_cfg.dataset
+    input_size = None  # the side of square inputs (packed, cached): their transforms skip the Resize
     if kind in ("synthetic", "imagefolder"):
-        train = ImageFolderDataset(split_root(data_cfg.root, "train"), train_transform, data_cfg.on_bad_sample)
-        val = ImageFolderDataset(split_root(data_cfg.root, "val"), val_transform, data_cfg.on_bad_sample)
+        train = ImageFolderDataset(split_root(data_cfg.root, "train"), None, data_cfg.on_bad_sample)
+        val = ImageFolderDataset(split_root(data_cfg.root, "val"), None, data_cfg.on_bad_sample)
+        if data_cfg.cache_bytes:
+            train.cache = _shared_cache(data_cfg, len(train))
     elif kind == "cifar10":
         if not Path(data_cfg.root).exists():
             raise ConfigError(f"data.root={data_cfg.root!r} does not exist: point it at cifar-10-batches-py")
-        train = Cifar10Dataset(data_cfg.root, True, train_transform)
-        val = Cifar10Dataset(data_cfg.root, False, val_transform)
+        train = Cifar10Dataset(data_cfg.root, True)
+        val = Cifar10Dataset(data_cfg.root, False)
     elif kind == "packed":
         from train.data.packed import PackedDataset
 
-        train = PackedDataset(split_root(data_cfg.root, "train"), train_transform)
-        val = PackedDataset(split_root(data_cfg.root, "val"), val_transform)
+        train = PackedDataset(split_root(data_cfg.root, "train"))
+        val = PackedDataset(split_root(data_cfg.root, "val"))
+        input_size = train.size
     else:  # validate() rejects this earlier; kept for direct callers
         raise ConfigError(f"data.dataset={kind!r}: unknown dataset")
     if train.classes != val.classes:
         raise ConfigError(f"data.root={data_cfg.root!r}: train/ and val/ have different classes")
+    train_input = resize_size(data_cfg) if getattr(train, "cache", None) is not None else input_size
+    train.transform = train_transform or build_train_transform(data_cfg, train_input)
+    val.transform = val_transform or build_val_transform(data_cfg, input_size)
     return train, val, len(train.classes)

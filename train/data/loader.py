@@ -20,7 +20,8 @@ from torch.utils.data import (
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from train.data.workers import collate_skipping_bad, loader_seed, seed_worker
+from train.data.resumable import EpochIndexSampler, EpochSeededDataset
+from train.data.workers import collate_skipping_bad, loader_seed, mixed_seed, seed_worker
 from train.dist import DistEnv
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,24 @@ def _class_balanced_weights(dataset: Dataset) -> torch.Tensor:
     return torch.as_tensor(1.0 / counts[targets], dtype=torch.double)
 
 
+class EpochSeededSampler(Sampler[int]):
+    """A random sampler whose order is a function of (seed, rank, epoch) alone: `set_epoch` reseeds its generator,
+    so a run resumed at epoch e draws epoch e's order again without replaying the epochs before it."""
+
+    def __init__(self, sampler: RandomSampler | WeightedRandomSampler, seed: int, rank: int):
+        self.sampler, self.seed, self.rank = sampler, seed, rank
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.generator.manual_seed(mixed_seed(self.seed, self.rank, epoch))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
 def build_sampler(dataset: Dataset, data_cfg, env: DistEnv, train: bool, seed: int) -> Sampler:
     if not train:
         return ShardSampler(len(dataset), env.rank, env.world_size) if env.distributed else SequentialSampler(dataset)
@@ -82,9 +101,10 @@ def build_sampler(dataset: Dataset, data_cfg, env: DistEnv, train: bool, seed: i
         return DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=data_cfg.shuffle,
                                   seed=seed, drop_last=data_cfg.drop_last)
     if kind == "random":
-        return RandomSampler(dataset, generator=generator)
+        return EpochSeededSampler(RandomSampler(dataset, generator=generator), seed, env.rank)
     if kind == "weighted":
-        return WeightedRandomSampler(_class_balanced_weights(dataset), len(dataset), generator=generator)
+        weighted = WeightedRandomSampler(_class_balanced_weights(dataset), len(dataset), generator=generator)
+        return EpochSeededSampler(weighted, seed, env.rank)
     return SequentialSampler(dataset)
 
 
@@ -107,9 +127,8 @@ def effective_pin_memory(requested: bool, device: torch.device) -> bool:
     return requested
 
 
-def build_loader(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device, *, train: bool,
-                 seed: int) -> StatefulDataLoader:
-    """A StatefulDataLoader (a drop-in DataLoader with state_dict) configured from data.*."""
+def checked_loader_kwargs(data_cfg, env: DistEnv, device: torch.device) -> dict:
+    """`loader_kwargs` for this process's share of the cores, after the /dev/shm check (before workers start)."""
     num_workers = resolve_num_workers(data_cfg.num_workers, env.local_world_size)
     pin_memory = effective_pin_memory(data_cfg.pin_memory, device)
     kwargs = loader_kwargs(data_cfg, num_workers, pin_memory)
@@ -122,7 +141,21 @@ def build_loader(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device,
         item_bytes = 4 if not data_cfg.device_transforms else 1
         batch_bytes = data_cfg.batch_size * 3 * data_cfg.image_size**2 * item_bytes
         warn_if_shm_too_small(num_workers, data_cfg.prefetch_factor or 2, batch_bytes)
+    return kwargs
+
+
+def build_loader(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device, *, train: bool,
+                 seed: int, record_indices: bool = False) -> StatefulDataLoader:
+    """A StatefulDataLoader (a drop-in DataLoader with state_dict) configured from data.*.
+
+    The training loader draws each sample's augmentation from (seed, epoch, index) (train/data/resumable.py),
+    so a resumed run sees the same crops as an uninterrupted one; `record_indices` adds each batch's indices.
+    """
+    kwargs = checked_loader_kwargs(data_cfg, env, device)
     sampler = build_sampler(dataset, data_cfg, env, train, seed)
+    if train:
+        sampler = EpochIndexSampler(sampler)
+        dataset = EpochSeededDataset(dataset, seed, with_index=record_indices)
     generator = torch.Generator().manual_seed(loader_seed(seed, env.rank))
     return StatefulDataLoader(dataset, sampler=sampler, collate_fn=collate_skipping_bad,
                               drop_last=data_cfg.drop_last if train else False, generator=generator, **kwargs)

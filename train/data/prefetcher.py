@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from train.data.transforms import MEAN, STD
+from train.data.transforms import DeviceNormalize
 
 
 class DevicePrefetcher:
@@ -21,24 +21,28 @@ class DevicePrefetcher:
                  non_blocking: bool = True):
         self.loader = loader
         self.device = device
-        self.normalize = normalize
         self.channels_last = channels_last
         self.non_blocking = non_blocking and device.type == "cuda"
-        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
-        self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+        self.normalizer = DeviceNormalize(device) if normalize else None
+        self._yielded_state: dict | None = None
 
     def __len__(self) -> int:
         return len(self.loader)
 
+    def state_dict(self) -> dict:
+        """The loader's state as of the batch last yielded: on CUDA the loader itself is one batch ahead, and a
+        checkpoint must hold the position of the batches trained, not of the one in flight."""
+        return self._yielded_state if self._yielded_state is not None else self.loader.state_dict()
+
     def _to_device(self, batch):
-        images, targets, bad = batch
+        images, targets, bad, *extra = batch  # extra: the sample indices under trainer.record_samples
         images = images.to(self.device, non_blocking=self.non_blocking)
         targets = targets.to(self.device, non_blocking=self.non_blocking)
-        if self.normalize:
-            images = images.float().sub_(self.mean).div_(self.std)
+        if self.normalizer is not None and images.numel():
+            images = self.normalizer(images)
         if self.channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)
-        return images, targets, bad
+        return (images, targets, bad, *extra)
 
     def __iter__(self) -> Iterator:
         if self.device.type != "cuda":
@@ -46,15 +50,19 @@ class DevicePrefetcher:
                 yield self._to_device(batch)
             return
         stream = torch.cuda.Stream(device=self.device)
-        pending = None
+        stateful = hasattr(self.loader, "state_dict")
+        pending = pending_state = None
         for batch in self.loader:
+            state = self.loader.state_dict() if stateful else None
             with torch.cuda.stream(stream):
                 ready = self._to_device(batch)
             if pending is not None:
+                self._yielded_state = pending_state
                 yield pending
             torch.cuda.current_stream(self.device).wait_stream(stream)
             for tensor in ready[:2]:
                 tensor.record_stream(torch.cuda.current_stream(self.device))
-            pending = ready
+            pending, pending_state = ready, state
         if pending is not None:
+            self._yielded_state = pending_state
             yield pending

@@ -10,9 +10,14 @@ from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 
+def mixed_seed(*keys: int) -> int:
+    """A well-mixed 63-bit seed from a few integers: distinct keys give unrelated streams."""
+    return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
 def loader_seed(base_seed: int, rank: int) -> int:
     """The seed of one rank's loader generator: distinct per rank, the same for the same (seed, rank)."""
-    return int(np.random.SeedSequence([base_seed, rank]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return mixed_seed(base_seed, rank)
 
 
 def seed_worker(worker_id: int) -> None:
@@ -27,11 +32,12 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-def collate_skipping_bad(batch: list) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """default_collate over the readable samples; the third element counts the skipped ones."""
+def collate_skipping_bad(batch: list) -> tuple:
+    """default_collate over the readable samples; the third element counts the skipped ones. Samples carrying
+    their index (trainer.record_samples) add a fourth: the indices."""
     good = [sample for sample in batch if sample is not None]
     bad = len(batch) - len(good)
     if not good:
         return torch.empty(0), torch.empty(0, dtype=torch.long), bad
-    images, targets = default_collate(good)
-    return images, targets, bad
+    images, targets, *indices = default_collate(good)
+    return (images, targets, bad, *indices)

@@ -1,0 +1,116 @@
+"""The packed format: a split decoded once into one memory-mapped uint8 array, read with no per-sample decode.
+
+Layout of one split folder (`scripts/pack_dataset.py` writes root/train and root/val):
+    images.npy   uint8 (N, 3, S, S): every image made square at S px (transforms.fit_square), C-contiguous
+    targets.npy  int64 (N,)
+    meta.json    {"classes": [...], "size": S, "source": "..."}
+Workers open the array with numpy's memmap on first use (never pickled to them), so all of them share the page
+cache: one copy of the data in RAM whatever the number of workers, and no copy-on-read growth.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from train.config import ConfigError
+from train.data.transforms import fit_square
+
+log = logging.getLogger(__name__)
+
+IMAGES, TARGETS, META = "images.npy", "targets.npy", "meta.json"
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+class PackedDataset(Dataset):
+    """One packed split: `.classes`, `.targets` (numpy) and `.size` (the stored side), uint8 CHW samples."""
+
+    def __init__(self, split_dir: str | Path, transform: Transform | None = None):
+        self.split_dir = Path(split_dir)
+        missing = [name for name in (IMAGES, TARGETS, META) if not (self.split_dir / name).is_file()]
+        if missing:
+            raise ConfigError(f"data.root: {self.split_dir} is not a packed split (missing {', '.join(missing)}); "
+                              "make one with `python scripts/pack_dataset.py SRC OUT` or set data.dataset=imagefolder")
+        meta = json.loads((self.split_dir / META).read_text())
+        self.classes: list[str] = list(meta["classes"])
+        self.size: int = int(meta["size"])
+        self.targets = np.load(self.split_dir / TARGETS)
+        self.transform = transform
+        self._images: np.ndarray | None = None
+
+    def __getstate__(self) -> dict:  # a worker opens its own map: never pickle the array's pages
+        return {**self.__dict__, "_images": None}
+
+    @property
+    def images(self) -> np.ndarray:
+        if self._images is None:
+            self._images = np.load(self.split_dir / IMAGES, mmap_mode="r")
+        return self._images
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def load(self, index: int) -> torch.Tensor:
+        return torch.from_numpy(np.array(self.images[index]))  # a private copy of one image's pages
+
+    def __getitem__(self, index: int):
+        image = self.load(index)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index])
+
+
+class _Fitted(Dataset):
+    """(square image, label, ok) of a decodable dataset, for packing with DataLoader workers."""
+
+    def __init__(self, dataset, size: int):
+        self.dataset, self.size = dataset, size
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        try:
+            image = fit_square(self.dataset.load(index), self.size)
+        except (RuntimeError, OSError, ValueError) as err:
+            log.warning("pack: skipping unreadable sample %d: %s", index, err)
+            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), -1
+        return image, int(self.dataset.targets[index])
+
+
+def pack_split(dataset, out_dir: str | Path, size: int, num_workers: int = 0, source: str = "") -> int:
+    """Write `dataset` (anything with `.load(i)` -> uint8 CHW, `.targets`, `.classes`) as a packed split of
+    `size` px squares; unreadable samples are left out. Returns the number of samples written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = len(dataset)
+    images = np.lib.format.open_memmap(out_dir / (IMAGES + ".tmp"), mode="w+", dtype=np.uint8,
+                                       shape=(n, 3, size, size))
+    targets = np.empty(n, dtype=np.int64)
+    written = 0
+    loader = DataLoader(_Fitted(dataset, size), batch_size=64, num_workers=num_workers)
+    for batch_images, batch_targets in loader:
+        keep = batch_targets >= 0
+        count = int(keep.sum())
+        images[written:written + count] = batch_images[keep].numpy()
+        targets[written:written + count] = batch_targets[keep].numpy()
+        written += count
+    images.flush()
+    del images
+    if written < n:  # drop the unused tail left by skipped samples
+        full = np.load(out_dir / (IMAGES + ".tmp"), mmap_mode="r")
+        np.save(out_dir / IMAGES, full[:written])
+        del full
+        (out_dir / (IMAGES + ".tmp")).unlink()
+    else:
+        (out_dir / (IMAGES + ".tmp")).replace(out_dir / IMAGES)
+    np.save(out_dir / TARGETS, targets[:written])
+    meta = {"classes": list(dataset.classes), "size": size, "source": source}
+    (out_dir / META).write_text(json.dumps(meta, indent=1) + "\n")
+    return written
