@@ -1,0 +1,284 @@
+"""Monitoring: the Prometheus endpoint and TensorBoard scalars from real runs, a real Prometheus server scraping
+a real trainer, the compose monitoring files, and a taken port failing at start-up."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import ROOT, compose_config, run_cli
+from train.config import ConfigError, validate
+from train.dist import DistEnv
+from train.meters import EpochMeter
+from train.monitoring import MemorySampler, Monitor, PrometheusSink, TensorBoardSink
+
+MONITORING = ROOT / "monitoring"
+DASHBOARD = MONITORING / "grafana" / "dashboards" / "loadout.json"
+PROMETHEUS_YML = MONITORING / "prometheus" / "prometheus.yml"
+STEP_TAGS = {"train/loss", "train/images_per_s", "train/data_wait_frac", "memory/main_rss_mb",
+             "memory/workers_rss_mb", "memory/peak_rss_mb", "loader/workers"}
+EPOCH_TAGS = {"epoch/train_loss", "epoch/val_acc", "epoch/images_per_s", "epoch/data_wait_frac",
+              "epoch/first_batch_s", "epoch/peak_rss_mb"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, list]:
+    """name -> samples, from a plain HTTP GET of /metrics parsed by prometheus_client's own parser."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+def value(metrics: dict[str, list], name: str) -> float | None:
+    samples = metrics.get(name)
+    return samples[0].value if samples else None
+
+
+def tb_scalars(run_dir: Path) -> dict[str, list]:
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: acc.Scalars(tag) for tag in acc.Tags()["scalars"]}
+
+
+def dashboard_exprs() -> list[str]:
+    return [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+
+
+# -- fast: config, files, the Monitor in-process with real DataLoader workers ---------------------------------------
+@pytest.mark.parametrize("port", [0, -1, 70000])
+def test_bad_port_is_a_config_error(port):
+    cfg = compose_config(["hardware=cpu", f"trainer.metrics_port={port}"])
+    with pytest.raises(ConfigError, match=r"trainer\.metrics_port"):
+        validate(cfg)
+
+
+def test_port_in_use_fails_at_start_naming_the_key(small_run_args, tmp_path):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        result = run_cli([*small_run_args, "trainer.max_steps=2", f"trainer.metrics_port={port}"], timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and f"trainer.metrics_port={port}" in error[0] and "already in use" in error[0]
+    assert "trainer.metrics_port=null" in error[0], "the message names the fix"
+    assert not (tmp_path / "run" / "metrics.jsonl").exists(), "no training before the port check"
+
+
+def test_monitor_with_real_workers_serves_and_writes(tmp_path):
+    """The Monitor driven by a real EpochMeter over a real 2-worker DataLoader: scrape mid-epoch, then read back
+    the TensorBoard events; the endpoint is gone after close()."""
+    port = free_port()
+    sampler = MemorySampler()
+    monitor = Monitor(TensorBoardSink(tmp_path), PrometheusSink(port, "127.0.0.1", DistEnv(), sampler), sampler,
+                      interval_s=0.0)
+    data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 10, (64,)))
+    loader = DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True)
+    meter, mid = EpochMeter(), None
+    try:
+        for step, (images, _) in enumerate(loader, start=1):
+            meter.waited()
+            meter.stepped(images.shape[0], loss=2.0)
+            monitor.on_step(step, meter)
+            if step == 4:
+                mid = scrape(port)
+        record = {"epoch": 1, **meter.summary(), "val_acc": 0.25, "val_loss": 1.5}
+        monitor.on_epoch(8, record)
+        end = scrape(port)
+    finally:
+        monitor.close()
+    assert value(mid, "loadout_workers") == 2
+    workers = mid["loadout_worker_rss_bytes"]
+    assert len({s.labels["pid"] for s in workers}) == 2 and all(s.value > 1e6 for s in workers)
+    assert value(mid, "loadout_step") == 4 and value(mid, "loadout_images_total") == 32
+    assert value(mid, "loadout_train_loss") == pytest.approx(2.0)
+    assert 0.0 <= value(mid, "loadout_data_wait_ratio") <= 1.0
+    assert value(mid, "loadout_peak_rss_bytes") >= value(mid, "loadout_main_rss_bytes") > 1e7
+    assert value(mid, "loadout_val_accuracy") is None, "no fake zero before the first epoch ends"
+    assert value(end, "loadout_images_total") == 64 and value(end, "loadout_val_accuracy") == 0.25
+    assert all(s.labels["rank"] == "0" for samples in end.values() for s in samples)
+    if os.path.isdir("/dev/shm"):
+        assert value(end, "loadout_shm_size_bytes") > 0
+    scalars = tb_scalars(tmp_path)
+    assert set(scalars) >= STEP_TAGS | EPOCH_TAGS, set(scalars)
+    assert [e.step for e in scalars["train/loss"]] == list(range(1, 9))
+    assert scalars["epoch/val_acc"][0].value == pytest.approx(0.25)
+    with pytest.raises(OSError):
+        scrape(port)
+
+
+def test_dashboard_and_prometheus_config_parse_and_name_served_metrics(tmp_path):
+    prom = yaml.safe_load(PROMETHEUS_YML.read_text())
+    (job,) = prom["scrape_configs"]
+    targets = [t for group in job["static_configs"] for t in group["targets"]]
+    assert "train:9400" in targets and "train-multi:9401" in targets, "base port + LOCAL_RANK per rank"
+    for path in (MONITORING / "grafana" / "provisioning").rglob("*.yml"):
+        assert yaml.safe_load(path.read_text())["apiVersion"] == 1, path
+    datasource = yaml.safe_load((MONITORING / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    uid = datasource["datasources"][0]["uid"]
+    dash = json.loads(DASHBOARD.read_text())
+    assert all(p["datasource"]["uid"] == uid for p in dash["panels"])
+    exprs = " ".join(dashboard_exprs())
+    for needed in ("rate(loadout_images_total", "loadout_data_wait_seconds_total", "loadout_worker_rss_bytes",
+                   "loadout_shm_used_bytes"):
+        assert needed in exprs, needed
+    # Every loadout_* name the dashboard asks for is one the exporter serves (with a CUDA-only pair allowed).
+    sink = PrometheusSink(free_port(), "127.0.0.1", DistEnv(), MemorySampler())
+    try:
+        meter = EpochMeter()
+        meter.waited()
+        meter.stepped(4, 1.0)
+        mon = Monitor(prometheus=sink, interval_s=0.0)
+        mon.on_step(1, meter)
+        mon.on_epoch(1, {"epoch": 1, "val_acc": 0.5, "val_loss": 1.0})
+        families = list(sink.registry.collect())  # families, so a worker gauge with no worker yet still counts
+        served = {f.name for f in families} | {s.name for f in families for s in f.samples}
+        served |= {"loadout_gpu_memory_allocated_bytes", "loadout_gpu_memory_peak_bytes"}  # CUDA only
+    finally:
+        sink.close()
+    asked = set(re.findall(r"loadout_[a-z_]+", exprs))
+    assert asked <= served, asked - served
+    promtool = shutil.which("promtool")
+    if promtool:
+        subprocess.run([promtool, "check", "config", "--syntax-only", str(PROMETHEUS_YML)], check=True,
+                       capture_output=True)
+
+
+# -- slow: a real training run with the endpoint on, a real Prometheus scraping it ----------------------------------
+@dataclass
+class LiveRun:
+    proc: subprocess.Popen
+    port: int
+    run_dir: Path
+    prometheus_port: int | None
+
+    def wait(self, timeout: float = 420) -> str:
+        _, err = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, err[-3000:]
+        return err
+
+
+def start_prometheus(tmp: Path, target_port: int) -> tuple[subprocess.Popen, int]:
+    """The repo's prometheus.yml with its targets pointed at the local trainer and a 1 s scrape interval."""
+    conf = yaml.safe_load(PROMETHEUS_YML.read_text())
+    conf["global"]["scrape_interval"] = "1s"
+    conf["scrape_configs"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{target_port}"]}]
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(conf))
+    port = free_port()
+    proc = subprocess.Popen([shutil.which("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("w"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2)
+            return proc, port
+        except OSError:
+            assert proc.poll() is None, (tmp / "prometheus.log").read_text()[-2000:]
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("prometheus did not become ready in 60 s")
+
+
+@pytest.fixture(scope="module")
+def live_run(tiny_dataset, tmp_path_factory):
+    """`python -m train` with the endpoint on (2 workers, 2 epochs, 20 steps); Prometheus first, when installed."""
+    tmp = tmp_path_factory.mktemp("live")
+    port = free_port()
+    prometheus, prometheus_port = start_prometheus(tmp, port) if shutil.which("prometheus") else (None, None)
+    args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+            "data.num_workers=2", "trainer.epochs=2", "trainer.max_steps=20", "trainer.progress=false",
+            f"trainer.metrics_port={port}", f"hydra.run.dir={tmp / 'run'}"]
+    proc = subprocess.Popen([sys.executable, "-m", "train", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    yield LiveRun(proc, port, tmp / "run", prometheus_port)
+    for p in (proc, prometheus):
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+def test_endpoint_is_live_while_training(live_run):
+    deadline, seen = time.monotonic() + 300, None
+    while time.monotonic() < deadline and live_run.proc.poll() is None:
+        try:
+            metrics = scrape(live_run.port)
+        except OSError:  # not up yet (imports), or between polls
+            time.sleep(0.2)
+            continue
+        if (value(metrics, "loadout_step") or 0) >= 1 and value(metrics, "loadout_workers"):
+            seen = metrics
+            break
+        time.sleep(0.1)
+    assert seen is not None, "no training figures on the endpoint while the run was alive"
+    assert value(seen, "loadout_images_per_second") > 0 and value(seen, "loadout_images_total") >= 16
+    assert 0.0 <= value(seen, "loadout_data_wait_ratio") <= 1.0
+    assert math.isfinite(value(seen, "loadout_train_loss"))
+    assert value(seen, "loadout_first_batch_seconds") > 0
+    assert value(seen, "loadout_workers") == 2 == len(seen["loadout_worker_rss_bytes"])
+    assert all(s.value > 1e6 for s in seen["loadout_worker_rss_bytes"])
+
+
+@pytest.mark.slow
+def test_real_prometheus_scrapes_the_trainer_and_dashboard_queries_return_data(live_run):
+    if live_run.prometheus_port is None:
+        pytest.skip("no `prometheus` binary: run scripts/ensure_prometheus.sh (apt-get install prometheus)")
+    live_run.wait()
+    time.sleep(2.5)  # scrapes still in flight
+
+    def query(expr: str) -> list:
+        url = f"http://127.0.0.1:{live_run.prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = json.load(resp)
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    (up,) = query('max_over_time(up{job="loadout"}[10m])')
+    assert float(up["value"][1]) == 1.0
+    (images,) = query("max_over_time(loadout_images_total[10m])")
+    assert float(images["value"][1]) >= 16 and images["metric"]["rank"] == "0"
+    for expr in dashboard_exprs():  # each panel's query, over the run (a 5 s rate window at 1 s scrapes)
+        result = query(f"max_over_time(({expr.replace('$__rate_interval', '5s')})[10m:1s])")
+        if "gpu" not in expr:
+            assert result and all(math.isfinite(float(r["value"][1])) for r in result), expr
+
+
+@pytest.mark.slow
+def test_tensorboard_events_from_the_run(live_run):
+    live_run.wait()
+    scalars = tb_scalars(live_run.run_dir)
+    assert set(scalars) >= STEP_TAGS | EPOCH_TAGS, set(scalars)
+    assert [e.step for e in scalars["epoch/val_acc"]] == [15, 20]
+    steps = [e.step for e in scalars["train/images_per_s"]]
+    assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 20 and all(
+        e.value > 0 for e in scalars["train/images_per_s"])
+    assert all(0 <= e.value <= 1 for e in scalars["train/data_wait_frac"])
+    assert all(e.value == 2 for e in scalars["loader/workers"])
