@@ -1,0 +1,55 @@
+"""Loop options and datasets beyond the default, each through the real CLI for a few steps."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from tests.conftest import read_metrics, run_cli
+from train.data.datasets import Cifar10Dataset
+
+
+@pytest.fixture(scope="module")
+def cifar_root(tmp_path_factory):
+    """A folder in CIFAR-10's python-batches format (random pixels, 10 labels)."""
+    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in [*[(f"data_batch_{i}", 20) for i in range(1, 6)], ("test_batch", 30)]:
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": list(rng.integers(0, 10, n))}
+        with open(root / name, "wb") as f:
+            pickle.dump(batch, f)
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+    return root
+
+
+def test_cifar10_reads_python_batches(cifar_root):
+    train, val = Cifar10Dataset(cifar_root.parent, True), Cifar10Dataset(cifar_root, False)
+    assert (len(train), len(val), len(train.classes)) == (100, 30, 10)
+    image, label = train[0]
+    assert tuple(image.shape) == (3, 32, 32) and 0 <= label < 10
+
+
+def test_cifar10_trains_from_its_folder(cifar_root, small_run_args, tmp_path):
+    result = run_cli([*small_run_args, "data.dataset=cifar10", f"data.root={cifar_root}", "data.resize_size=32",
+                      "data.num_workers=1", "trainer.epochs=1", "trainer.max_steps=3"])
+    assert result.returncode == 0, result.stderr
+    assert read_metrics(tmp_path / "run")[0]["val_samples"] == 30
+
+
+def test_cifar10_missing_batches_is_a_clear_error(small_run_args, tmp_path):
+    result = run_cli([*small_run_args, "data.dataset=cifar10", f"data.root={tmp_path}"])
+    assert result.returncode == 2 and "missing CIFAR-10 batch files" in result.stderr
+
+
+def test_bf16_accumulation_channels_last_weighted_sampler(small_run_args, tmp_path):
+    result = run_cli([*small_run_args, "data.num_workers=1", "data.sampler=weighted", "trainer.cpu_bf16=true",
+                      "trainer.grad_accum_steps=2", "trainer.channels_last=true", "trainer.epochs=1",
+                      "trainer.max_steps=3"])
+    assert result.returncode == 0, result.stderr
+    record = read_metrics(tmp_path / "run")[0]
+    assert record["images"] == 3 * 2 * 16  # 3 optimizer steps x 2 micro-batches x batch 16
+    assert np.isfinite(record["train_loss"])
