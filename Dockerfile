@@ -37,7 +37,8 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
  && python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
 
 # The source. `python -m train` runs from /app, so the configs in /app/conf are the ones used.
-COPY README.md ./
+# README* (pyproject's readme) may not exist yet; pyproject.toml keeps the pattern from matching nothing.
+COPY pyproject.toml README* ./
 COPY conf/ conf/
 COPY train/ train/
 RUN python -m pip install --no-cache-dir --no-deps . \

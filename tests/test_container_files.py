@@ -20,6 +20,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 TRAIN_SERVICES = ("train", "train-cpu", "train-multi")
 GPU_SERVICES = ("train", "train-multi", "jupyter")
+LOADOUT_SERVICES = (*TRAIN_SERVICES, "jupyter")  # services running the loadout image (not monitoring's)
 
 # The compose-spec schema (https://github.com/compose-spec/compose-spec/blob/master/schema/compose-spec.json):
 # a copy at tests/schemas/compose-spec.json wins; otherwise the copy docker-compose ships (Debian's
@@ -42,9 +43,23 @@ def _instructions() -> list[tuple[str, str]]:
     return out
 
 
+def interpolate_defaults(text: str) -> str:
+    """Compose's interpolation with an empty environment: ${VAR:-default} -> default, ${VAR} -> "", $$ -> $."""
+    text = re.sub(r"\$\{(\w+):?-([^}]*)\}", lambda m: m.group(2), text)
+    text = re.sub(r"\$\{\w+\}", "", text)
+    return text.replace("$$", "$")
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict:
+    """The file as written (variables not substituted)."""
     return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict:
+    """The file as Compose sees it with no variables set (what the schema applies to)."""
+    return yaml.safe_load(interpolate_defaults(COMPOSE.read_text()))
 
 
 def _find_hadolint() -> str | None:
@@ -101,16 +116,16 @@ def test_dockerignore_keeps_data_outputs_venv_git_out():
     assert not any(p.startswith("!") and p.lstrip("!").split("/")[0] in {"data", "outputs"} for p in patterns)
 
 
-def test_compose_file_is_valid_compose_spec(compose):
+def test_compose_file_is_valid_compose_spec(resolved):
     jsonschema = pytest.importorskip("jsonschema")
     schema_path = next((p for p in SCHEMA_CANDIDATES if p.exists()), None)
     if schema_path is None:
         pytest.skip("no compose-spec schema: see tests/schemas/README.md")
     schema = json.loads(schema_path.read_text())
     validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
-    errors = sorted(validator_cls(schema).iter_errors(compose), key=lambda e: list(e.path))
+    errors = sorted(validator_cls(schema).iter_errors(resolved), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
-    assert "version" not in compose, "`version:` is obsolete in the compose spec"
+    assert "version" not in resolved, "`version:` is obsolete in the compose spec"
 
 
 def test_services_train_through_python_m_train(compose):
@@ -135,11 +150,13 @@ def test_hardware_defaults_name_real_profiles(compose):
     assert "cpu" in compose["services"]["train-cpu"]["command"]
 
 
-def test_shared_memory_and_nvidia_ulimits(compose):
-    for name, svc in compose["services"].items():
+def test_shared_memory_and_nvidia_ulimits(resolved):
+    for name in LOADOUT_SERVICES:
+        svc = resolved["services"][name]
         assert svc.get("shm_size") or svc.get("ipc") == "host", f"{name}: /dev/shm stays at Docker's 64 MB"
         assert svc["ulimits"]["memlock"] == -1, name
         assert svc["ulimits"]["stack"] == 67108864, name
+        assert svc["shm_size"].endswith("gb") and int(svc["shm_size"][:-2]) >= 2, name
 
 
 def test_gpu_reservations_only_where_wanted(compose):
@@ -153,7 +170,8 @@ def test_gpu_reservations_only_where_wanted(compose):
 
 
 def test_volumes_data_read_only_outputs_read_write_as_non_root(compose):
-    for name, svc in compose["services"].items():
+    for name in LOADOUT_SERVICES:
+        svc = compose["services"][name]
         mounts = {v.split(":")[-2]: v.split(":")[-1] for v in svc["volumes"]}
         assert mounts["/app/data"] == "ro", name
         assert mounts["/app/outputs"] == "rw", name
@@ -177,12 +195,17 @@ def test_jupyter_is_opt_in_and_token_protected(compose):
 def test_docker_compose_interpolates_hardware_and_train_args(tmp_path):
     """Compose itself (v1.29 here) resolves the file; `up` would run python -m train with these args."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HARDWARE", "TRAIN_ARGS"))}
-    env.update(HARDWARE="rtx4080", TRAIN_ARGS="trainer.epochs=2 data.num_workers=3", NPROC="4",
-               DATA_DIR=str(tmp_path / "d"), OUTPUTS_DIR=str(tmp_path / "o"))
-    out = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config"], capture_output=True, text=True,
-                         env=env, check=True).stdout
+    env.update(
+        HARDWARE="rtx4080",
+        TRAIN_ARGS="trainer.epochs=2 data.num_workers=3",
+        NPROC="4",
+        DATA_DIR=str(tmp_path / "d"),
+        OUTPUTS_DIR=str(tmp_path / "o"),
+    )
+    out = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE), "config"], capture_output=True, text=True, env=env, check=True
+    ).stdout
     services = yaml.safe_load(out)["services"]
-    assert shlex.split(services["train"]["command"]) == [
-        "hardware=rtx4080", "trainer.epochs=2", "data.num_workers=3"]
+    assert shlex.split(services["train"]["command"]) == ["hardware=rtx4080", "trainer.epochs=2", "data.num_workers=3"]
     assert "--nproc_per_node=4" in services["train-multi"]["entrypoint"]
     assert f"{tmp_path / 'd'}:/app/data:ro" in services["train"]["volumes"]
