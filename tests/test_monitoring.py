@@ -243,7 +243,8 @@ def test_endpoint_is_live_while_training(live_run):
     assert 0.0 <= value(seen, "loadout_data_wait_ratio") <= 1.0
     assert math.isfinite(value(seen, "loadout_train_loss"))
     assert value(seen, "loadout_first_batch_seconds") > 0
-    assert value(seen, "loadout_workers") == 2 == len(seen["loadout_worker_rss_bytes"])
+    assert value(seen, "loadout_workers") in (2, 4) and value(seen, "loadout_workers") == len(
+        seen["loadout_worker_rss_bytes"])
     assert all(s.value > 1e6 for s in seen["loadout_worker_rss_bytes"])
 
 
@@ -281,4 +282,4 @@ def test_tensorboard_events_from_the_run(live_run):
     assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 20 and all(
         e.value > 0 for e in scalars["train/images_per_s"])
     assert all(0 <= e.value <= 1 for e in scalars["train/data_wait_frac"])
-    assert all(e.value == 2 for e in scalars["loader/workers"])
+    assert all(e.value in (2, 4) for e in scalars["loader/workers"]), "2 train workers (+2 persistent val workers)"
