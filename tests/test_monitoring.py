@@ -283,3 +283,48 @@ def test_tensorboard_events_from_the_run(live_run):
         e.value > 0 for e in scalars["train/images_per_s"])
     assert all(0 <= e.value <= 1 for e in scalars["train/data_wait_frac"])
     assert all(e.value in (2, 4) for e in scalars["loader/workers"]), "2 train workers (+2 persistent val workers)"
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_serve_base_port_plus_local_rank(tiny_dataset, tmp_path):
+    """Two gloo ranks: rank r answers on base + r with rank="r"; only rank 0 writes TensorBoard events."""
+    base = free_port()
+    while base >= 65535 or not _free(base + 1):
+        base = free_port()
+    args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+            "data.num_workers=1", "trainer.epochs=1", "trainer.max_steps=12", "trainer.progress=false",
+            f"trainer.metrics_port={base}", f"hydra.run.dir={tmp_path / 'run'}"]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.Popen([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "train", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seen: dict[int, dict] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while len(seen) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            for rank in set(range(2)) - set(seen):
+                try:
+                    metrics = scrape(base + rank)
+                except OSError:
+                    continue
+                if value(metrics, "loadout_step"):
+                    seen[rank] = metrics
+            time.sleep(0.2)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert set(seen) == {0, 1}, "each rank serves its own port while training"
+    for rank, metrics in seen.items():
+        assert {s.labels["rank"] for samples in metrics.values() for s in samples} == {str(rank)}
+    assert len(list((tmp_path / "run").glob("events.out.tfevents.*"))) == 1
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
