@@ -25,14 +25,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm import tqdm
 
-from train.config import ConfigError, _fail, register
+from train.config import ConfigError, _fail
 from train.data.shm import SHM_PATH
 from train.dist import DistEnv, seed_everything, select_device
 from train.meters import process_tree_rss_mb
 from train.tune_config import normalize_worker_knobs, register_tune, validate_tune
 
 log = logging.getLogger("train.tune")
-register()
 register_tune()
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata's StatefulDataLoader, harmless
 

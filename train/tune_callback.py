@@ -25,7 +25,6 @@ log = logging.getLogger("train.tune")
 
 
 def _exit(err: ConfigError) -> None:
-    log.error("%s", err)
     print(f"error: {err}", file=sys.stderr)
     sys.exit(2)
 

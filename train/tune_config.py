@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from train.config import ConfigError, _fail, validate
+from train.config import ConfigError, _fail, register, validate
 from train.data.loader import usable_cores
 
 WORKER_ONLY_KNOBS = {"prefetch_factor": None, "persistent_workers": False, "timeout": 0.0,
@@ -40,9 +40,10 @@ class TuneConfig:
 
 
 def register_tune() -> None:
-    """Store the `tune_schema` config that conf/tune.yaml lists first; safe to call more than once.
+    """Store `tune_schema` (conf/tune.yaml lists it first) and the training schema; safe to call more than once.
 
     A plain dict around the typed node: a dataclass root would refuse the training schema merged after it."""
+    register()
     ConfigStore.instance().store(name="tune_schema", node={"tune": TuneConfig})
 
 
@@ -98,7 +99,8 @@ def check_sweep(config_name: str, overrides: list[str]) -> int:
         try:
             cfg = compose(config_name=config_name, overrides=job)
         except HydraException as err:
-            raise ConfigError(f"{' '.join(job)}: {err}") from err
+            cause = str(err.__cause__ or "").splitlines()[:1]
+            raise ConfigError("; ".join([str(err).splitlines()[0], *cause])) from err
         OmegaConf.resolve(cfg)
         normalize_worker_knobs(cfg)
         validate_tune(cfg)
