@@ -48,7 +48,7 @@ class DataConfig:
     non_blocking: bool = True
     device_transforms: bool = True  # uint8 to the device, normalize there
     # Data-path extras.
-    cache_bytes: int = 0
+    cache_bytes: int = 0  # shared-memory cache of decoded training samples (JPEG datasets); 0 = off
     on_bad_sample: str = "warn"  # warn (skip and count) | raise
 
 
@@ -137,6 +137,9 @@ def validate(cfg: Any) -> None:
     for key in ("timeout", "cache_bytes"):
         if getattr(data, key) < 0:
             _fail(f"data.{key}", getattr(data, key), "use a number >= 0")
+    if data.cache_bytes and data.dataset not in ("synthetic", "imagefolder"):
+        _fail("data.cache_bytes", data.cache_bytes,
+              f"the sample cache is for JPEG datasets; data.dataset={data.dataset} is decoded already: set it to 0")
     if data.resize_size is not None and data.resize_size < data.image_size:
         _fail("data.resize_size", data.resize_size, f"use a size >= data.image_size ({data.image_size}) or null")
     if isinstance(nw, int) and nw < 0:

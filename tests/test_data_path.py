@@ -1,0 +1,254 @@
+"""The data path end to end with real workers and real JPEG decoding: seeding, epochs across persistent workers,
+the multi-epoch stream and its resume position, the packed format, the shared cache, corrupt files, and the
+device-side normalization."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from tests.conftest import ROOT, compose_config, read_metrics, run_cli
+from train.config import ConfigError, validate
+from train.data import build_data
+from train.data.cache import SharedSampleCache
+from train.data.datasets import ImageFolderDataset, build_datasets
+from train.data.loader import build_sampler
+from train.data.packed import PackedDataset
+from train.data.stream import EpochBatchSampler, build_train_stream
+from train.data.transforms import fit_square
+from train.data.workers import loader_seed, seed_worker
+from train.dist import DistEnv
+
+CPU = torch.device("cpu")
+
+
+def data_cfg(root: Path, *extra: str):
+    return compose_config(["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=16",
+                           "trainer.epochs=2", *extra])
+
+
+def epoch_batches(pipeline, epoch: int) -> list:
+    pipeline.set_epoch(epoch)
+    return [tuple(x.clone() if torch.is_tensor(x) else x for x in batch) for batch in pipeline.train_loader]
+
+
+def same(a: list, b: list) -> bool:
+    if len(a) != len(b):
+        return False
+    return all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b, strict=True))
+
+
+# -- seeding ---------------------------------------------------------------------------------------------------
+class WorkerProbe(Dataset):
+    """What each worker's own RNGs give: (random, numpy, torch, worker id) for one sample."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int):
+        info = torch.utils.data.get_worker_info()
+        return torch.tensor([random.random(), float(np.random.rand()), float(torch.rand(1)), float(info.id)],
+                            dtype=torch.float64)
+
+
+def worker_draws(seed: int, rank: int) -> dict[int, tuple]:
+    loader = DataLoader(WorkerProbe(), batch_size=1, num_workers=2, worker_init_fn=seed_worker,
+                        generator=torch.Generator().manual_seed(loader_seed(seed, rank)))
+    draws = {}
+    for (row,) in loader:
+        draws.setdefault(int(row[3]), tuple(row[:3].tolist()))
+    return draws
+
+
+def test_worker_rngs_distinct_across_workers_and_ranks_and_reproducible():
+    rank0, rank1 = worker_draws(0, 0), worker_draws(0, 1)
+    streams = list(rank0.values()) + list(rank1.values())
+    for lib in range(3):  # random, numpy, torch: no two (rank, worker) pairs share a stream
+        assert len({s[lib] for s in streams}) == 4
+    assert worker_draws(0, 0) == rank0
+    assert worker_draws(1, 0) != rank0
+
+
+def test_same_seed_same_batches_whatever_the_workers_and_distinct_across_ranks(tiny_dataset):
+    env = DistEnv()
+    a = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=0"), env, CPU), 0)
+    b = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=2"), env, CPU), 0)
+    c = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=2", "trainer.seed=1"), env, CPU), 0)
+    assert same(a, b)
+    assert not same(a, c)
+    ranks = [epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=0"), DistEnv(rank=r, world_size=2),
+                                      CPU), 0) for r in (0, 1)]
+    assert not any(torch.equal(x[0], y[0]) for x, y in zip(*ranks, strict=True))
+
+
+# -- epochs under persistent workers, the stream and its position ----------------------------------------------
+class Curriculum(Dataset):
+    """An epoch-aware dataset: each sample reports the epoch its worker's copy believes it is in."""
+
+    def __init__(self):
+        self.epoch = 0
+        self.targets = np.zeros(32, dtype=np.int64)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int):
+        return torch.tensor([self.epoch, index]), self.epoch
+
+
+def test_epoch_reaches_persistent_workers_even_when_prefetched_across_the_boundary(tiny_dataset):
+    cfg = data_cfg(tiny_dataset, "data.num_workers=2", "data.batch_size=4", "data.prefetch_factor=4")
+    stream = build_train_stream(Curriculum(), cfg.data, DistEnv(), CPU, seed=0, epochs=3, open_batches=iter)
+    orders = []
+    for epoch in range(3):
+        stream.set_epoch(epoch)
+        batches = list(stream)
+        assert len(batches) == 8
+        assert all((targets == epoch).all() for _, targets, _ in batches)
+        indices = torch.cat([images[:, 1] for images, _, _ in batches]).tolist()
+        assert sorted(indices) == list(range(32))  # every sample once per epoch
+        orders.append(indices)
+    assert orders[0] != orders[1] != orders[2]  # the sampler's epoch changes the order
+
+
+def test_batches_never_span_epochs_and_drop_last_is_per_epoch():
+    sampler = EpochBatchSampler(range(10), batch_size=4, drop_last=True, epochs=2)
+    assert [[e for e, _ in b][0] for b in sampler] == [0, 0, 1, 1]
+    sampler = EpochBatchSampler(range(10), batch_size=4, drop_last=False, epochs=2)
+    assert [len(b) for b in sampler] == [4, 4, 2, 4, 4, 2]
+    sampler.start_epoch, sampler.start_batch = 1, 2
+    assert list(sampler) == [[(1, 8), (1, 9)]] and len(sampler) == 1
+
+
+def test_resume_mid_epoch_gives_exactly_the_remaining_batches(tiny_dataset):
+    cfg = data_cfg(tiny_dataset, "data.num_workers=2")
+    whole = build_data(cfg, DistEnv(), CPU)
+    reference = epoch_batches(whole, 0) + epoch_batches(whole, 1)
+    per_epoch = len(whole.train_loader)
+    first = build_data(cfg, DistEnv(), CPU)
+    first.set_epoch(1)
+    it = iter(first.train_loader)
+    for _ in range(5):
+        next(it)
+    state = first.train_loader.state_dict()
+    assert state == {"epoch": 1, "batch": 5}
+    resumed = build_data(cfg, DistEnv(), CPU)
+    resumed.set_epoch(1)
+    resumed.train_loader.load_state_dict(state)
+    assert same(epoch_batches(resumed, 1), reference[per_epoch + 5:])
+
+
+def test_weighted_and_random_samplers_draw_the_same_order_for_the_same_epoch(tiny_dataset):
+    dataset = ImageFolderDataset(tiny_dataset / "train")
+    for kind in ("random", "weighted"):
+        cfg = data_cfg(tiny_dataset, f"data.sampler={kind}")
+        a, b = (build_sampler(dataset, cfg.data, DistEnv(), True, 0) for _ in range(2))
+        a.set_epoch(3)
+        list(a)
+        a.set_epoch(4)
+        b.set_epoch(4)
+        assert list(a) == list(b)
+        b.set_epoch(5)
+        assert list(a) != list(b)
+
+
+# -- packed format ---------------------------------------------------------------------------------------------
+def test_pack_round_trip_equals_the_decoded_pixels(tiny_dataset, tmp_path):
+    out = tmp_path / "packed"
+    subprocess.run([sys.executable, "scripts/pack_dataset.py", str(tiny_dataset), str(out), "--size", "37"],
+                   cwd=ROOT, check=True, capture_output=True)
+    source = ImageFolderDataset(tiny_dataset / "train")
+    packed = PackedDataset(out / "train")
+    assert packed.classes == source.classes and np.array_equal(packed.targets, source.targets)
+    for index in (0, 17, len(source) - 1):
+        assert torch.equal(packed.load(index), fit_square(source.load(index), 37))
+    cfg = data_cfg(out, "data.dataset=packed", "data.num_workers=2")
+    batches = epoch_batches(build_data(cfg, DistEnv(), CPU), 0)
+    assert batches[0][0].shape == (16, 3, 32, 32)
+
+
+# -- shared cache ----------------------------------------------------------------------------------------------
+def test_cache_stays_within_its_bound_and_is_filled_by_the_workers(tiny_dataset):
+    size = round(32 * 256 / 224)
+    bound = 100 * 3 * size * size  # room for fewer than the 240 training images
+    cfg = data_cfg(tiny_dataset, f"data.cache_bytes={bound}", "data.num_workers=2")
+    train, _, _ = build_datasets(cfg.data)
+    cache = train.cache
+    assert cache.nbytes <= bound and cache.capacity == bound // (3 * size * size + 1)
+    pipeline = build_data(cfg, DistEnv(), CPU)
+    cache = pipeline.train_loader.loader.dataset.dataset.cache
+    epoch0 = epoch_batches(pipeline, 0)
+    assert len(cache) == cache.capacity  # the workers' writes are visible here: one slab, shared
+    uncached = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=0"), DistEnv(), CPU), 0)
+    assert same(epoch0, uncached)  # square images at the resize size: the same crops as decoding each time
+    rerun = build_data(cfg, DistEnv(), CPU)
+    rerun.train_loader.loader.dataset.dataset.cache = cache  # a filled cache: hits give the same pixels
+    assert same(epoch_batches(rerun, 0), epoch0)
+
+
+def test_cache_returns_copies():
+    cache = SharedSampleCache(4, 8, 10**6)
+    image = cache.fetch(1, lambda i: torch.full((3, 10, 12), 7, dtype=torch.uint8))
+    assert image.shape == (3, 8, 8) and cache.filled.tolist() == [0, 1, 0, 0]
+    cache.fetch(1, None).zero_()
+    assert int(cache.fetch(1, None).min()) == 7
+
+
+def test_cache_is_for_jpeg_datasets_only(tiny_dataset):
+    with pytest.raises(ConfigError, match="data.cache_bytes"):
+        validate(data_cfg(tiny_dataset, "data.dataset=packed", "data.cache_bytes=1000"))
+
+
+# -- corrupt files ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def corrupt_dataset(tiny_dataset, tmp_path) -> tuple[Path, Path]:
+    root = tmp_path / "corrupt"
+    shutil.copytree(tiny_dataset, root)
+    bad = root / "train" / "square" / "00003.jpg"
+    bad.write_bytes(b"not a jpeg at all")
+    return root, bad
+
+
+@pytest.mark.slow
+def test_corrupt_file_is_skipped_named_and_counted(corrupt_dataset, tmp_path):
+    root, bad = corrupt_dataset
+    run_dir = tmp_path / "run"
+    result = run_cli(["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=16",
+                      "data.num_workers=2", "trainer.epochs=2", "trainer.progress=false", "model.name=resnet18",
+                      f"hydra.run.dir={run_dir}"])
+    assert result.returncode == 0, result.stderr
+    logs = "".join(path.read_text() for path in run_dir.glob("*.log"))
+    assert str(bad) in result.stdout + result.stderr + logs
+    assert [r["bad_samples"] for r in read_metrics(run_dir)] == [1, 1]
+
+
+@pytest.mark.slow
+def test_corrupt_file_raises_under_on_bad_sample_raise(corrupt_dataset, tmp_path):
+    root, bad = corrupt_dataset
+    result = run_cli(["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=16",
+                      "data.num_workers=2", "data.on_bad_sample=raise", "trainer.epochs=1", "trainer.progress=false",
+                      f"hydra.run.dir={tmp_path / 'run'}"])
+    assert result.returncode == 2
+    assert f"cannot decode {bad}" in result.stderr and "data.on_bad_sample=warn" in result.stderr
+
+
+# -- device transforms -----------------------------------------------------------------------------------------
+def test_device_normalize_matches_worker_normalize(tiny_dataset):
+    on_device = epoch_batches(build_data(data_cfg(tiny_dataset, "data.device_transforms=true"), DistEnv(), CPU), 0)
+    in_workers = epoch_batches(build_data(data_cfg(tiny_dataset, "data.device_transforms=false"), DistEnv(), CPU),
+                               0)
+    assert on_device[0][0].dtype == torch.float32 and in_workers[0][0].dtype == torch.float32
+    for a, b in zip(on_device, in_workers, strict=True):
+        torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-5)
+        assert torch.equal(a[1], b[1])
