@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from dataclasses import dataclass
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as torch_dist
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,33 @@ def select_device(requested: str, env: DistEnv) -> torch.device:
     return device
 
 
+def restart_store(env: DistEnv) -> torch_dist.Store | None:
+    """The store for a process group that torchrun restarted, or None for torch's default (env://).
+
+    torchrun's agent keeps one shared TCPStore across restarts (TORCHELASTIC_USE_AGENT_STORE), so a restarted
+    group reads the dead group's addresses and fails to connect (pytorch/pytorch#135712). On one node every rank
+    agrees on TORCHELASTIC_RESTART_COUNT, so the keys are scoped by it; across nodes the counts can differ, and the
+    launchers set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per restart) instead.
+    """
+    if env.restart_count == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if env.world_size != env.local_world_size:
+        log.warning("torchrun restarted a multi-node group on its shared TCPStore; if the group fails to connect, "
+                    "set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun (scripts/launch_multinode.sh does)")
+        return None
+    store = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
+                                is_master=False)
+    return torch_dist.PrefixStore(f"loadout/restart_{env.restart_count}", store)
+
+
 def init_process_group(env: DistEnv, device: torch.device) -> None:
     """nccl on CUDA, gloo on CPU; a no-op for a single process."""
     if env.distributed and not torch_dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
+        store = restart_store(env)
+        if store is not None:
+            kwargs["store"] = store
         torch_dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, **kwargs)
 
 
