@@ -24,15 +24,9 @@ class DevicePrefetcher:
         self.channels_last = channels_last
         self.non_blocking = non_blocking and device.type == "cuda"
         self.normalizer = DeviceNormalize(device) if normalize else None
-        self._yielded_state: dict | None = None
 
     def __len__(self) -> int:
         return len(self.loader)
-
-    def state_dict(self) -> dict:
-        """The loader's state as of the batch last yielded: on CUDA the loader itself is one batch ahead, and a
-        checkpoint must hold the position of the batches trained, not of the one in flight."""
-        return self._yielded_state if self._yielded_state is not None else self.loader.state_dict()
 
     def _to_device(self, batch):
         images, targets, bad, *extra = batch  # extra: the sample indices under trainer.record_samples
@@ -50,19 +44,15 @@ class DevicePrefetcher:
                 yield self._to_device(batch)
             return
         stream = torch.cuda.Stream(device=self.device)
-        stateful = hasattr(self.loader, "state_dict")
-        pending = pending_state = None
+        pending = None
         for batch in self.loader:
-            state = self.loader.state_dict() if stateful else None
             with torch.cuda.stream(stream):
                 ready = self._to_device(batch)
             if pending is not None:
-                self._yielded_state = pending_state
                 yield pending
             torch.cuda.current_stream(self.device).wait_stream(stream)
             for tensor in ready[:2]:
                 tensor.record_stream(torch.cuda.current_stream(self.device))
-            pending, pending_state = ready, state
+            pending = ready
         if pending is not None:
-            self._yielded_state = pending_state
             yield pending

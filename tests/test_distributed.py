@@ -1,0 +1,236 @@
+"""Multi-process training under real torchrun (gloo on CPU): sharding, one run dir, and resume bit for bit.
+
+The torchrun tests share one uninterrupted reference run and compare a run whose rank 1 is SIGKILLed mid-epoch
+(torchrun restarts the group) and a run stopped and started again with trainer.resume=auto against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, compose_config, read_metrics
+from train import checkpoint
+from train.data import build_data
+from train.data.datasets import build_datasets
+from train.data.resumable import EpochSeededDataset
+from train.data.synthetic import make_synthetic_imagefolder
+from train.dist import DistEnv
+
+TRAIN, VAL = 240, 79  # per rank 120 = 6 batches of 20; 79 val images split 40/39, no padding
+EPOCHS, STEPS_PER_EPOCH = 2, 6
+KILL_AT_STEP = 9  # mid-epoch 2; the last checkpoint before it is step 8 (checkpoint_every_steps=2)
+
+
+@pytest.fixture(scope="module")
+def dist_dataset(tmp_path_factory) -> Path:
+    root = make_synthetic_imagefolder(tmp_path_factory.mktemp("dist"), train_per_class=24, val_per_class=8, size=40)
+    next((root / "val" / "circle").iterdir()).unlink()  # 79: an odd count that padding would show up in
+    return root
+
+
+def dist_args(root: Path) -> list[str]:
+    return ["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=20", "data.num_workers=1",
+            "data.persistent_workers=true", f"trainer.epochs={EPOCHS}", "trainer.checkpoint_every_steps=2",
+            "trainer.deterministic=true", "trainer.record_samples=true", "trainer.progress=false",
+            "model.name=resnet18"]
+
+
+def torchrun(args: list[str], cwd: Path, *, max_restarts: int = 0, env: dict | None = None,
+             nproc: int = 2) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=2 -m train ARGS`, for real."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "train", *args]
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=400)
+
+
+def only_run_dir(cwd: Path) -> Path:
+    """The one run dir torchrun's ranks (and restarts) share: outputs/torchrun/<TORCHELASTIC_RUN_ID>."""
+    runs = list((cwd / "outputs" / "torchrun").iterdir())
+    assert len(runs) == 1, runs
+    assert not list((cwd / "outputs").glob("20*")), "a rank fell back to a ${now:} run dir"
+    return runs[0]
+
+
+def samples(run_dir: Path, epoch: int, rank: int) -> list[list[int]]:
+    return json.loads((run_dir / "samples" / f"epoch{epoch:03d}_rank{rank}.json").read_text())["batches"]
+
+
+def flat(batches: list[list[int]]) -> list[int]:
+    return [i for batch in batches for i in batch]
+
+
+def final_model(run_dir: Path) -> dict:
+    return checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST, torch.device("cpu"))["model"]
+
+
+def assert_same_training(run_dir: Path, reference: Path) -> None:
+    """Per epoch and rank the same samples in the same order, and the same final weights bit for bit."""
+    for epoch in range(EPOCHS):
+        for rank in (0, 1):
+            assert samples(run_dir, epoch, rank) == samples(reference, epoch, rank), (epoch, rank)
+    got, want = final_model(run_dir), final_model(reference)
+    assert got.keys() == want.keys()
+    different = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not different, f"weights differ from the uninterrupted run: {different[:5]}"
+    assert [r["epoch"] for r in read_metrics(run_dir)] == list(range(1, EPOCHS + 1))
+
+
+def ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def reference_run(dist_dataset, tmp_path_factory) -> Path:
+    """An uninterrupted 2-process run in its own working dir (run dir from TORCHELASTIC_RUN_ID)."""
+    cwd = tmp_path_factory.mktemp("reference")
+    ok(torchrun(dist_args(dist_dataset), cwd))
+    return only_run_dir(cwd)
+
+
+@pytest.mark.slow
+def test_two_ranks_shard_each_epoch_and_share_one_run_dir(reference_run):
+    run_dir = reference_run
+    orders = []
+    for epoch in range(EPOCHS):
+        rank0, rank1 = flat(samples(run_dir, epoch, 0)), flat(samples(run_dir, epoch, 1))
+        assert len(rank0) == len(rank1) == TRAIN // 2
+        assert not set(rank0) & set(rank1), "ranks trained the same sample in one epoch"
+        assert sorted(rank0 + rank1) == list(range(TRAIN)), "an epoch skipped or repeated samples"
+        orders.append(rank0)
+    assert orders[0] != orders[1], "DistributedSampler.set_epoch did not reshuffle"
+    metrics = read_metrics(run_dir)
+    assert len(metrics) == EPOCHS
+    assert all(r["val_samples"] == VAL for r in metrics), "validation must count each sample exactly once"
+    assert all(r["images"] == TRAIN for r in metrics), "train images are summed over ranks"
+    # only rank 0 writes: one .hydra/, one log whose epoch lines appear once, one metrics.jsonl
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    logs = list(run_dir.glob("*.log"))
+    assert len(logs) == 1 and logs[0].read_text().count("epoch 1/") == 1
+
+
+@pytest.mark.slow
+def test_rank_killed_mid_epoch_restarts_and_matches_uninterrupted_run(dist_dataset, reference_run, tmp_path):
+    kill = {"LOADOUT_TEST_KILL_AT_STEP": str(KILL_AT_STEP), "LOADOUT_TEST_KILL_RANK": "1"}
+    proc = torchrun(dist_args(dist_dataset), tmp_path, max_restarts=1, env=kill)
+    ok(proc)
+    run_dir = only_run_dir(tmp_path)  # the restarted group landed in the same run dir
+    log = next(run_dir.glob("*.log")).read_text()
+    assert "resumed from" in log and "batch 2, step 8" in log, log
+    assert_same_training(run_dir, reference_run)
+
+
+@pytest.mark.slow
+def test_stopped_run_started_again_with_resume_auto_matches(dist_dataset, reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*dist_args(dist_dataset), f"hydra.run.dir={run_dir}"]
+    kill = {"LOADOUT_TEST_KILL_AT_STEP": str(KILL_AT_STEP), "LOADOUT_TEST_KILL_RANK": "0"}
+    stopped = torchrun(args, tmp_path, env=kill)
+    assert stopped.returncode != 0, "the first run was meant to die at step 9"
+    assert len(read_metrics(run_dir)) == 1
+    ok(torchrun([*args, "trainer.resume=auto"], tmp_path))
+    assert_same_training(run_dir, reference_run)
+
+
+def test_ranks_above_zero_write_nothing(tiny_dataset, tmp_path):
+    """A rank > 0 (as torchrun starts it) makes no .hydra/, log, metrics or checkpoint, and prints no epoch lines."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+            "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=1", "trainer.max_steps=2",
+            "trainer.checkpoint_every_steps=1", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run([sys.executable, "-m", "train", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    ok(proc)
+    written = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) if run_dir.exists() else []
+    assert written == [], written
+    assert "epoch 1/1" not in proc.stdout + proc.stderr
+
+
+def test_restart_resumes_from_the_run_dir(tmp_path):
+    last = checkpoint.checkpoint_dir(tmp_path) / checkpoint.LAST
+    assert checkpoint.find_resume_path(None, tmp_path, restarted=True) is None
+    last.parent.mkdir()
+    last.write_bytes(b"")
+    assert checkpoint.find_resume_path(None, tmp_path) is None
+    assert checkpoint.find_resume_path(None, tmp_path, restarted=True) == last
+    assert checkpoint.find_resume_path("/elsewhere.pt", tmp_path, restarted=True) == last
+    assert checkpoint.find_resume_path("auto", tmp_path) == last
+
+
+def _pipeline(root: Path, workers: int, device: str = "cpu"):
+    cfg = compose_config(["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=8",
+                          f"data.num_workers={workers}", f"data.persistent_workers={str(workers > 0).lower()}",
+                          "trainer.record_samples=true"])
+    return build_data(cfg, DistEnv(), torch.device(device))
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here")
+
+
+@pytest.mark.parametrize(("workers", "device"), [(0, "cpu"), (2, "cpu"), pytest.param(2, "cuda", marks=cuda)])
+def test_training_stream_resumes_mid_epoch_with_the_same_batches(tiny_dataset, workers, device):
+    """Position taken after 3 batches, loaded into a fresh pipeline: the rest of the epoch is the same, pixel
+    for pixel. On CUDA the prefetcher holds a batch ahead; the position must still be that of the 3 yielded."""
+    first = _pipeline(tiny_dataset, workers, device)
+    first.set_epoch(1)
+    batches = iter(first.train_loader)
+    for _ in range(3):
+        next(batches)
+    state = first.train_loader.state_dict()
+    rest = list(batches)
+    second = _pipeline(tiny_dataset, workers, device)
+    second.set_epoch(1)
+    second.train_loader.load_state_dict(state)
+    resumed = list(second.train_loader)
+    assert len(resumed) == len(rest) == len(first.train_loader) - 3
+    for (images, _, _, idx), (images2, _, _, idx2) in zip(rest, resumed, strict=True):
+        assert torch.equal(idx, idx2) and torch.equal(images, images2)
+
+
+def test_augmentation_is_a_function_of_seed_epoch_and_index(tiny_dataset):
+    """The same (epoch, index) gives the same pixels in any process and order; another epoch, another crop."""
+    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32"])
+    train, _, _ = build_datasets(cfg.data)
+    dataset = EpochSeededDataset(train, seed=0)
+    first = dataset[(0, 5)][0]
+    dataset[(0, 6)]
+    assert torch.equal(first, dataset[(0, 5)][0])
+    assert any(not torch.equal(dataset[(0, i)][0], dataset[(1, i)][0]) for i in range(8))
+
+
+def test_launcher_script_is_valid_bash():
+    script = ROOT / "scripts" / "launch_multinode.sh"
+    assert os.access(script, os.X_OK)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    if shutil.which("shellcheck"):
+        subprocess.run(["shellcheck", str(script)], check=True)
+    missing_id = subprocess.run(["bash", str(script)], env={**os.environ, "NNODES": "2", "RDZV_ID": ""},
+                                capture_output=True, text=True)
+    assert missing_id.returncode == 2 and "RDZV_ID" in missing_id.stderr
+
+
+@pytest.mark.slow
+def test_launcher_runs_torchrun_with_c10d_rendezvous(tiny_dataset, tmp_path):
+    """The multi-node wrapper on one node: torchrun's c10d rendezvous, run dir named by RDZV_ID."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NNODES": "1", "NPROC_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "RDZV_ID": "job42", "MAX_RESTARTS": "0",
+           "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}
+    args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+            "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=1", "trainer.max_steps=2",
+            "trainer.progress=false"]
+    ok(subprocess.run(["bash", str(ROOT / "scripts" / "launch_multinode.sh"), *args], cwd=tmp_path, env=env,
+                      capture_output=True, text=True, timeout=300))
+    assert only_run_dir(tmp_path).name == "job42"
