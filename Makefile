@@ -53,5 +53,8 @@ tune: setup dataset ## Sweep loader knobs on this box (SWEEP="data.num_workers=0
 tensorboard: setup ## Serve outputs/ in TensorBoard on http://127.0.0.1:6006 (TB_HOST=0.0.0.0 to share it)
 	$(VENV)/bin/tensorboard --logdir outputs --host $(TB_HOST) --port $(TB_PORT)
 
+bench: setup dataset ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
+	@for b in decode workers epoch_latency packed cache rss gpu_prefetch; do $(PY) bench/$$b.py || exit 1; done
+
 clean: ## Remove outputs/ and multirun/ (keeps .venv and data/)
 	rm -rf outputs multirun

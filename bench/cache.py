@@ -1,0 +1,22 @@
+#!/usr/bin/env python3
+"""Shared sample cache (data.cache_bytes): images/s of epoch 2 (cache hits) over epoch 1 (decode + fill) (>= 3)."""
+
+from __future__ import annotations
+
+from common import host_batches, images_per_s, machine, pipeline, report
+
+
+def epochs() -> tuple[float, float]:
+    data = pipeline("data.num_workers=2", "trainer.epochs=2", "data.batch_size=64", f"data.cache_bytes={2**30}")
+    first = images_per_s(host_batches(data, 0))
+    second = images_per_s(host_batches(data, 1))
+    cache = data.train_loader.loader.dataset.dataset.cache
+    assert len(cache) == cache.capacity, "the workers' writes must be visible to every process"
+    return first, second
+
+
+if __name__ == "__main__":
+    runs = [epochs() for _ in range(2)]
+    first, second = max(r[0] for r in runs), max(r[1] for r in runs)
+    report("cache epoch 2 / epoch 1 img/s", second / first, ">= 3", second / first >= 3,
+           f"{second:.0f} vs {first:.0f} img/s, 2 workers, batch 64, whole train set cached; {machine()}")

@@ -1,0 +1,87 @@
+"""Shared helpers for the data-path benchmarks: the kit's config, its data path, timing, and worker memory.
+
+Every benchmark measures both sides of its ratio in one run, interleaved (A B A B, best of each), so a machine
+shared with other jobs slows both sides alike.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from train.config import register  # noqa: E402
+from train.data import DataPipeline, build_data  # noqa: E402
+from train.dist import DistEnv  # noqa: E402
+
+DATA = Path(os.environ.get("DATA", ROOT / "data" / "synthetic"))
+CPU = torch.device("cpu")
+
+
+def config(*overrides: str):
+    """The config as `python -m train hardware=cpu ...` composes it, on the embedded dataset by default."""
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=["hardware=cpu", f"data.root={DATA}", *overrides])
+
+
+def pipeline(*overrides: str) -> DataPipeline:
+    return build_data(config(*overrides), DistEnv(), CPU)
+
+
+def images_per_s(batches: Iterable, step: Callable[[], None] | None = None) -> float:
+    """Images per second over `batches`, timed from the second batch on (the first pays for worker start-up)."""
+    count, start = 0, None
+    for images, *_ in batches:
+        if start is None:
+            start = time.perf_counter()
+        else:
+            count += images.shape[0]
+        if step is not None:
+            step()
+    return count / (time.perf_counter() - start)
+
+
+def interleaved(measure_a: Callable[[], float], measure_b: Callable[[], float], rounds: int = 2,
+                best=max) -> tuple[float, float]:
+    """Best of `rounds` for each side, measured A B A B."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(measure_a())
+        b.append(measure_b())
+    return best(a), best(b)
+
+
+def workers_rss_mb() -> dict[int, float]:
+    """RSS of each child process (the DataLoader workers) in MiB."""
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            out[child.pid] = child.memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def machine() -> str:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{len(os.sched_getaffinity(0))} usable cores, load average {load}, torch {torch.__version__}"
+
+
+def report(name: str, ratio: float, target: str, ok: bool, detail: str) -> None:
+    print(f"{name}: {ratio:.2f} (target {target}) {'PASS' if ok else 'FAIL'}  [{detail}]", flush=True)
+
+
+def host_batches(data: DataPipeline, epoch: int = 0) -> Iterable:
+    """The training stream's uint8 batches as the workers hand them over, before the device copy."""
+    data.train_loader.batches.start_epoch, data.train_loader.batches.start_batch = epoch, 0
+    return data.train_loader.loader

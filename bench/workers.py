@@ -1,0 +1,21 @@
+#!/usr/bin/env python3
+"""The kit's JPEG pipeline, images/s with data.num_workers=2 over data.num_workers=0 (target >= 1.7).
+
+Timed at the host side of the host-to-device copy (the uint8 batches the workers hand over): on a GPU machine the
+float conversion and Normalize run on the GPU, so no CPU time goes there.
+"""
+
+from __future__ import annotations
+
+from common import host_batches, images_per_s, interleaved, machine, pipeline, report
+
+
+def rate(workers: int) -> float:
+    return images_per_s(host_batches(pipeline(f"data.num_workers={workers}", "trainer.epochs=3",
+                                              "data.batch_size=64")))
+
+
+if __name__ == "__main__":
+    two, zero = interleaved(lambda: rate(2), lambda: rate(0))
+    report("JPEG img/s workers=2 / workers=0", two / zero, ">= 1.7", two / zero >= 1.7,
+           f"{two:.0f} vs {zero:.0f} img/s, batch 64, 64 px crops, uint8 batches; {machine()}")
