@@ -7,6 +7,9 @@
 ARG BASE_IMAGE=pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
+LABEL org.opencontainers.image.title="loadout" \
+      org.opencontainers.image.description="PyTorch training template: python -m train <hydra overrides>"
+
 # UID/GID of the user that runs training: match the host user that owns ./outputs (docker-compose.yml passes
 # LOADOUT_UID/LOADOUT_GID). --non-unique: the base may already have a user with that id.
 ARG UID=1000

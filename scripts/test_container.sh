@@ -50,6 +50,10 @@ if [[ -z $hadolint ]]; then
 fi
 "$hadolint" --no-color Dockerfile
 docker-compose config --quiet
+# The static checks again, now that docker-compose 1.29 (and its compose-spec schema) is surely installed.
+if "$PY" -c "import pytest, jsonschema, yaml" 2>/dev/null; then
+  "$PY" -m pytest -q -p no:cacheprovider tests/test_container_files.py
+fi
 phase "lint"
 
 # --- 3. base image --------------------------------------------------------------------------------------
@@ -188,6 +192,18 @@ print(f"overrides ok: {overrides}")
 PYEOF
 phase "compose run (overrides)"
 
+# --- 6b. torchrun in the container: train-multi's command, on CPU (gloo) with 2 processes ----------------------
+log "torchrun --standalone --nproc_per_node=2 -m train in the container (CPU)"
+# shellcheck disable=SC2086 # QUICK is a list of overrides
+docker-compose run --rm -T --entrypoint torchrun train-cpu --standalone --nproc_per_node=2 -m train \
+  hardware=cpu trainer.max_steps=5 trainer.epochs=1 data.num_workers=1 $QUICK \
+  || fail "torchrun in the container exited with $?"
+run3=$(latest_run)
+[[ $run3 == "$outputs"/torchrun/* ]] || fail "torchrun run dir not under outputs/torchrun: $run3"
+grep -q '"epoch"' "$run3/metrics.jsonl" || fail "no epoch record in $run3/metrics.jsonl"
+echo "torchrun ok: $run3"
+phase "compose run (torchrun x2)"
+
 # --- 7. what the container gets ------------------------------------------------------------------------------
 log "container limits: user, read-only data, /dev/shm, ulimits, shm check"
 # shellcheck disable=SC2016 # expanded inside the container
@@ -213,4 +229,6 @@ phase "container limits"
 
 log "docker-compose down"
 docker-compose down --remove-orphans --volumes
+# earlier loadout:test builds, now untagged (only loadout's own images carry this label)
+docker image prune -f --filter "label=org.opencontainers.image.title=loadout" >/dev/null
 phase "compose down"
