@@ -31,12 +31,11 @@ WORKDIR /app
 
 # Dependencies first, in their own layer: rebuilt only when pyproject.toml or constraints.txt change, not on
 # every source edit. The list comes from pyproject's [project].dependencies; constraints.txt pins torch to the
-# base image's version, so pip keeps the base's torch.
-COPY pyproject.toml constraints.txt ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-      > /tmp/requirements.txt \
+# base image's version (checked first), so pip keeps the base's torch.
+COPY pyproject.toml constraints.txt docker/deps_from_pyproject.py ./
+RUN python deps_from_pyproject.py > /tmp/requirements.txt \
  && python -m pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt ${EXTRA_PIP_PACKAGES} \
- && rm /tmp/requirements.txt \
+ && rm /tmp/requirements.txt deps_from_pyproject.py \
  && python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
 
 # The source. `python -m train` runs from /app, so the configs in /app/conf are the ones used.

@@ -88,6 +88,7 @@ def test_dockerfile_installs_dependencies_before_copying_source():
     ins = _instructions()
     ops = [f"{op} {args}" for op, args in ins]
     first_dep_copy = next(i for i, s in enumerate(ops) if s.startswith("COPY pyproject.toml constraints.txt"))
+    assert "train/" not in ops[first_dep_copy] and "conf/" not in ops[first_dep_copy]
     dep_install = next(i for i, s in enumerate(ops) if s.startswith("RUN") and "-c constraints.txt" in s)
     source_copy = next(i for i, s in enumerate(ops) if s.startswith("COPY train/"))
     project_install = next(i for i, s in enumerate(ops) if "pip install" in s and "--no-deps ." in s)
