@@ -85,3 +85,10 @@ def host_batches(data: DataPipeline, epoch: int = 0) -> Iterable:
     """The training stream's uint8 batches as the workers hand them over, before the device copy."""
     data.train_loader.batches.start_epoch, data.train_loader.batches.start_batch = epoch, 0
     return data.train_loader.loader
+
+
+def steady_images_per_s(data: DataPipeline) -> float:
+    """Images/s of the training stream's host batches over epochs 1.. after a warm-up epoch 0 (workers started,
+    page cache warm): `data` is built with trainer.epochs >= 2 and persistent workers."""
+    images_per_s(host_batches(data, 0))
+    return images_per_s(host_batches(data, 1))

@@ -7,12 +7,12 @@ float conversion and Normalize run on the GPU, so no CPU time goes there.
 
 from __future__ import annotations
 
-from common import host_batches, images_per_s, interleaved, machine, pipeline, report
+from common import interleaved, machine, pipeline, report, steady_images_per_s
 
 
 def rate(workers: int) -> float:
-    return images_per_s(host_batches(pipeline(f"data.num_workers={workers}", "trainer.epochs=3",
-                                              "data.batch_size=64")))
+    return steady_images_per_s(pipeline(f"data.num_workers={workers}", "trainer.epochs=4",
+                                              "data.batch_size=64"))
 
 
 if __name__ == "__main__":
