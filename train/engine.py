@@ -200,7 +200,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.scheduler.step()
                 self.progress.step += 1
-            meter.stepped(images.shape[0], loss.item(), bad)
+            meter.stepped(images.shape[0], loss, bad)  # no .item(): the GPU is not synced every step
             self.monitor.on_step(self.progress.step, meter)
             every = tc.checkpoint_every_steps
             if sync and every and self.progress.step % every == 0:

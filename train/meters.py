@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+import torch
 
 
 def process_tree_rss_mb() -> float:
@@ -33,8 +34,8 @@ class EpochMeter:
     images: int = 0
     steps: int = 0
     bad_samples: int = 0
-    loss_sum: float = 0.0
     peak_rss_mb: float = 0.0
+    _loss_sum: torch.Tensor | float = 0.0  # kept on the loss's device: no GPU sync per step
     _mark: float = 0.0
 
     def __post_init__(self) -> None:
@@ -48,10 +49,17 @@ class EpochMeter:
             self.first_batch_s = now - self.start
         self._mark = now
 
-    def stepped(self, batch_size: int, loss: float, bad: int = 0) -> None:
+    @property
+    def loss_sum(self) -> float:
+        """Sum of loss x batch size so far (reading it waits for the GPU)."""
+        return float(self._loss_sum)
+
+    def stepped(self, batch_size: int, loss: torch.Tensor | float, bad: int = 0) -> None:
         self.images += batch_size
         self.steps += 1
-        self.loss_sum += loss * batch_size
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach()
+        self._loss_sum = self._loss_sum + loss * batch_size
         self.bad_samples += bad
         if self.steps % self.rss_every == 1:
             self.peak_rss_mb = max(self.peak_rss_mb, process_tree_rss_mb())
