@@ -7,9 +7,11 @@
 #     cached as loadout-base:torch<version>);
 #  4. docker build of the project image against that base (--network host; the host's pip mirrors served by
 #     docker/pip_mirror.py);
-#  5. `docker-compose up train-cpu` (HARDWARE=cpu, short run via TRAIN_ARGS) on the embedded dataset, mounted
-#     read-only, outputs into a fresh folder; checks the exit code, metrics.jsonl and file ownership;
-#  6. `docker-compose run --rm train-cpu <overrides>`: the overrides reach the run's .hydra/config.yaml;
+#  5. `HARDWARE=cpu docker-compose up` of the default service `train` (docker/hardware/cpu.yml: no GPU reservation;
+#     short run via TRAIN_ARGS) on the embedded dataset, mounted read-only, outputs into a fresh folder; checks the
+#     exit code, metrics.jsonl and file ownership;
+#  6. `HARDWARE=cpu docker-compose run --rm train <overrides>`: the overrides reach the run's .hydra/config.yaml;
+#  6b. `HARDWARE=cpu NPROC=2 docker-compose run --rm train-multi`: torchrun with 2 processes on CPU (gloo);
 #  7. the container's limits (user, read-only data, /dev/shm size, ulimits) and the shm check inside it;
 #  8. `docker-compose down` on exit, whatever happened.
 # Environment: KEEP_OUTPUTS=1 keeps the outputs folder; TEST_IMAGE (default loadout:test); SKIP_PULL=1 (default
@@ -135,9 +137,10 @@ latest_run() {
   find "$outputs" -name metrics.jsonl -printf '%T@ %h\n' | sort -n | tail -n1 | cut -d' ' -f2-
 }
 
-log "HARDWARE=cpu docker-compose up train-cpu (trainer.max_steps=$MAX_STEPS)"
+# The product's promise, literally: `HARDWARE=cpu docker compose up` on a machine without GPUs.
+log "HARDWARE=cpu docker-compose up (train, trainer.max_steps=$MAX_STEPS)"
 HARDWARE=cpu TRAIN_ARGS="trainer.max_steps=$MAX_STEPS trainer.epochs=1 $QUICK" \
-  docker-compose --profile cpu up --no-build --abort-on-container-exit --exit-code-from train-cpu train-cpu \
+  docker-compose up --no-build --abort-on-container-exit --exit-code-from train train \
   || fail "docker-compose up exited with $?"
 run1=$(latest_run)
 [[ -n $run1 ]] || fail "no metrics.jsonl under $outputs"
@@ -164,13 +167,13 @@ for path in [run, run / "metrics.jsonl", run / ".hydra" / "config.yaml"]:
 print(f"metrics ok: {len(records)} records, last epoch {last['epoch']}: loss {last['train_loss']:.3f} "
       f"val_acc {last['val_acc']:.3f} {last['images_per_s']:.0f} img/s, files owned by uid {uid}")
 PYEOF
-phase "compose up (train-cpu)"
+phase "compose up (HARDWARE=cpu)"
 
 # --- 6. docker-compose run: overrides append to python -m train ---------------------------------------------
-log "docker-compose run --rm train-cpu <overrides>"
+log "HARDWARE=cpu docker-compose run --rm train <overrides>"
 sleep 1  # run directories are named by the second
 # shellcheck disable=SC2086 # QUICK is a list of overrides
-docker-compose run --rm -T train-cpu hardware=cpu trainer.max_steps=5 trainer.epochs=1 \
+HARDWARE=cpu docker-compose run --rm -T train hardware=cpu trainer.max_steps=5 trainer.epochs=1 \
   data.num_workers=1 data.pin_memory=false $QUICK \
   || fail "docker-compose run exited with $?"
 run2=$(latest_run)
@@ -192,10 +195,10 @@ print(f"overrides ok: {overrides}")
 PYEOF
 phase "compose run (overrides)"
 
-# --- 6b. torchrun in the container: train-multi's command, on CPU (gloo) with 2 processes ----------------------
-log "torchrun --standalone --nproc_per_node=2 -m train in the container (CPU)"
+# --- 6b. torchrun in the container: train-multi on CPU (gloo) with 2 processes ---------------------------------
+log "HARDWARE=cpu NPROC=2 docker-compose run --rm train-multi (torchrun --nproc_per_node=2, CPU)"
 # shellcheck disable=SC2086 # QUICK is a list of overrides
-docker-compose run --rm -T --entrypoint torchrun train-cpu --standalone --nproc_per_node=2 -m train \
+HARDWARE=cpu NPROC=2 docker-compose run --rm -T train-multi \
   hardware=cpu trainer.max_steps=5 trainer.epochs=1 data.num_workers=1 $QUICK \
   || fail "torchrun in the container exited with $?"
 run3=$(latest_run)
@@ -207,7 +210,8 @@ phase "compose run (torchrun x2)"
 # --- 7. what the container gets ------------------------------------------------------------------------------
 log "container limits: user, read-only data, /dev/shm, ulimits, shm check"
 # shellcheck disable=SC2016 # expanded inside the container
-docker-compose run --rm -T -e "EXPECT_IDS=$run_uid:$run_gid" -e "EXPECT_MEMLOCK=$expect_memlock" --entrypoint /bin/bash train-cpu -c '
+HARDWARE=cpu docker-compose run --rm -T -e "EXPECT_IDS=$run_uid:$run_gid" -e "EXPECT_MEMLOCK=$expect_memlock" \
+  --entrypoint /bin/bash train -c '
   set -eu
   test "$(id -u):$(id -g)" = "$EXPECT_IDS" || { echo "runs as $(id -u):$(id -g), want $EXPECT_IDS"; exit 1; }
   if touch /app/data/.write-test 2>/dev/null; then echo "/app/data is writable"; exit 1; fi
@@ -220,8 +224,8 @@ docker-compose run --rm -T -e "EXPECT_IDS=$run_uid:$run_gid" -e "EXPECT_MEMLOCK=
 ' || fail "container limits"
 # The start-up shm check, for real: quiet with compose's 2 GB, warns under Docker's default 64 MB.
 shm_probe='from train.data.shm import warn_if_shm_too_small as w; print("warned" if w(4, 2, 32 << 20) else "quiet")'
-verdict=$(docker-compose run --rm -T --entrypoint python train-cpu -c "$shm_probe" 2>/dev/null | tail -n1)
-[[ $verdict == quiet ]] || fail "shm check inside train-cpu (shm_size 2gb) said: $verdict"
+verdict=$(HARDWARE=cpu docker-compose run --rm -T --entrypoint python train -c "$shm_probe" 2>/dev/null | tail -n1)
+[[ $verdict == quiet ]] || fail "shm check inside train (HARDWARE=cpu, shm_size 2gb) said: $verdict"
 verdict=$(docker run --rm --network none --entrypoint python "$TEST_IMAGE" -c "$shm_probe" 2>/dev/null | tail -n1)
 [[ $verdict == warned ]] || fail "shm check under the default 64 MB /dev/shm said: $verdict"
 echo "shm check: quiet with shm_size 2gb, warns with Docker's default 64 MB"

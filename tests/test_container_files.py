@@ -1,5 +1,6 @@
-"""Static checks of the container files: Dockerfile (hadolint + structure), .dockerignore, docker-compose.yml
-(compose-spec JSON schema + what training needs). The real build and run are in scripts/test_container.sh."""
+"""Static checks of the container files: Dockerfile (hadolint + structure), .dockerignore, docker-compose.yml and
+its hardware fragments docker/hardware/*.yml (compose-spec JSON schema + what training needs). The real build and
+run are in scripts/test_container.sh."""
 
 from __future__ import annotations
 
@@ -18,9 +19,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
-TRAIN_SERVICES = ("train", "train-cpu", "train-multi")
-GPU_SERVICES = ("train", "train-multi", "jupyter")
+HARDWARE_DIR = ROOT / "docker" / "hardware"
+TRAIN_SERVICES = ("train", "train-multi")
 LOADOUT_SERVICES = (*TRAIN_SERVICES, "jupyter")  # services running the loadout image (not monitoring's)
+FRAGMENT_FILE = "docker/hardware/${HARDWARE:-auto}.yml"
+HARDWARE_NAMES = sorted(p.stem for p in HARDWARE_DIR.glob("*.yml"))
+GPU_RESERVATION = {
+    "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
+}
 
 # The compose-spec schema (https://github.com/compose-spec/compose-spec/blob/master/schema/compose-spec.json):
 # a copy at tests/schemas/compose-spec.json wins; otherwise the copy docker-compose ships (Debian's
@@ -60,6 +66,26 @@ def compose() -> dict:
 def resolved() -> dict:
     """The file as Compose sees it with no variables set (what the schema applies to)."""
     return yaml.safe_load(interpolate_defaults(COMPOSE.read_text()))
+
+
+def fragment(name: str, raw: bool = False) -> dict:
+    """docker/hardware/<name>.yml, with no variables set unless `raw`."""
+    text = (HARDWARE_DIR / f"{name}.yml").read_text()
+    return yaml.safe_load(text if raw else interpolate_defaults(text))
+
+
+def effective(resolved: dict, service: str, hardware: str) -> dict:
+    """A service as Compose builds it with HARDWARE=hardware: the fragment's service, overridden by the file's."""
+    svc = resolved["services"][service]
+    base = fragment(hardware)["services"][svc["extends"]["service"]]
+    merged = {**base, **svc}
+    merged.pop("extends")
+    return merged
+
+
+def _gb(size: str) -> int:
+    assert re.fullmatch(r"\d+gb", size), size
+    return int(size[:-2])
 
 
 def _find_hadolint() -> str | None:
@@ -124,15 +150,16 @@ def test_compose_file_is_valid_compose_spec(resolved):
         pytest.skip("no compose-spec schema: see tests/schemas/README.md")
     schema = json.loads(schema_path.read_text())
     validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
-    errors = sorted(validator_cls(schema).iter_errors(resolved), key=lambda e: list(e.path))
-    assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
-    assert "version" not in resolved, "`version:` is obsolete in the compose spec"
+    for name, doc in [("docker-compose.yml", resolved), *((f"{h}.yml", fragment(h)) for h in HARDWARE_NAMES)]:
+        errors = sorted(validator_cls(schema).iter_errors(doc), key=lambda e: list(e.path))
+        assert not errors, name + ": " + "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
+        assert "version" not in doc, f"{name}: `version:` is obsolete in the compose spec"
 
 
 def test_services_train_through_python_m_train(compose):
     services = compose["services"]
-    for name in ("train", "train-cpu"):
-        assert services[name]["entrypoint"] == ["python", "-m", "train"], name
+    assert "train-cpu" not in services, "HARDWARE=cpu docker compose up replaces it"
+    assert services["train"]["entrypoint"] == ["python", "-m", "train"]
     multi = services["train-multi"]["entrypoint"]
     assert multi[0] == "torchrun" and "--standalone" in multi and multi[-2:] == ["-m", "train"]
     assert any(a.startswith("--nproc_per_node=${NPROC") for a in multi)
@@ -147,27 +174,64 @@ def test_hardware_defaults_name_real_profiles(compose):
     profiles = {p.stem for p in (ROOT / "conf" / "hardware").glob("*.yaml")}
     for name in TRAIN_SERVICES:
         default = re.search(r"\$\{HARDWARE:-(\w+)\}", compose["services"][name]["command"]).group(1)
-        assert default in profiles, f"{name}: hardware={default} has no conf/hardware/{default}.yaml"
-    assert "cpu" in compose["services"]["train-cpu"]["command"]
+        assert default == "auto" and default in profiles, f"{name}: hardware={default}"
+    # one HARDWARE name, both halves: conf/hardware/X.yaml (training) and docker/hardware/X.yml (container).
+    # local.yaml is written by `python -m train.tune tune.autotune=true` (git-ignored), so it may be absent.
+    assert profiles - {"local"} <= set(HARDWARE_NAMES), "every conf/hardware profile has a compose fragment"
+    assert set(HARDWARE_NAMES) - {"local"} <= profiles, "every compose fragment has a conf/hardware profile"
+    assert {"auto", "cpu", "rtx3060", "rtx4080", "a100", "local"} <= set(HARDWARE_NAMES)
 
 
-def test_shared_memory_and_nvidia_ulimits(resolved):
+def test_services_extend_the_hardware_fragment(compose):
+    services = compose["services"]
     for name in LOADOUT_SERVICES:
-        svc = resolved["services"][name]
+        svc = services[name]
+        want = "train-multi" if name == "train-multi" else "train"
+        assert svc["extends"] == {"file": FRAGMENT_FILE, "service": want}, name
+        # the fragment alone decides GPUs and /dev/shm
+        assert "deploy" not in svc and "shm_size" not in svc and "ipc" not in svc, name
+    assert "profiles" not in services["train"], "`docker compose up` starts `train`"
+    assert services["train-multi"]["profiles"] == ["multi"] and services["jupyter"]["profiles"] == ["jupyter"]
+
+
+@pytest.mark.parametrize("hardware", HARDWARE_NAMES)
+def test_hardware_fragments(hardware):
+    text = (HARDWARE_DIR / f"{hardware}.yml").read_text()
+    assert re.match(rf"# HARDWARE={hardware}\b.*\n[^#]", text), "opens with a one-line comment naming the profile"
+    services = fragment(hardware, raw=True)["services"]
+    assert set(services) == set(TRAIN_SERVICES), "what train/jupyter and train-multi extend"
+    for name, svc in services.items():
+        assert re.fullmatch(r"\$\{SHM_SIZE:-\d+gb\}", svc["shm_size"]), f"{name}: SHM_SIZE overrides the default"
+        assert set(svc) <= {"shm_size", "deploy"}, f"{name}: only the hardware-specific bits"
+        if hardware == "cpu":
+            assert "deploy" not in svc, "HARDWARE=cpu must start without the NVIDIA runtime"
+        else:
+            assert svc["deploy"] == GPU_RESERVATION, name
+    resolved = fragment(hardware)["services"]
+    assert _gb(resolved["train-multi"]["shm_size"]) >= 2 * _gb(resolved["train"]["shm_size"]), "NPROC ranks"
+
+
+@pytest.mark.parametrize("hardware", ["rtx3060", "rtx4080", "a100"])
+def test_fragment_shm_fits_the_profiles_loader(hardware):
+    """The fixed profiles' own loaders fit their shm_size, by the start-up check's estimate (train/data/shm.py)."""
+    from train.data.shm import estimate_loader_shm_bytes
+
+    data = yaml.safe_load((ROOT / "conf" / "hardware" / f"{hardware}.yaml").read_text())["data"]
+    batch_bytes = data["batch_size"] * 3 * data["image_size"] ** 2 * 4
+    need = estimate_loader_shm_bytes(data["num_workers"], data["prefetch_factor"] or 2, batch_bytes)
+    have = _gb(fragment(hardware)["services"]["train"]["shm_size"]) << 30
+    assert need <= have, f"{hardware}: loader may need {need / 2**30:.1f} GB of /dev/shm, fragment gives {have >> 30}"
+
+
+@pytest.mark.parametrize("hardware", HARDWARE_NAMES)
+def test_shared_memory_and_nvidia_ulimits(resolved, hardware):
+    for name in LOADOUT_SERVICES:
+        svc = effective(resolved, name, hardware)
         assert svc.get("shm_size") or svc.get("ipc") == "host", f"{name}: /dev/shm stays at Docker's 64 MB"
+        assert _gb(svc["shm_size"]) >= 2, name
         assert svc["ulimits"]["memlock"] == -1, name
         assert svc["ulimits"]["stack"] == 67108864, name
-        assert svc["shm_size"].endswith("gb") and int(svc["shm_size"][:-2]) >= 2, name
-
-
-def test_gpu_reservations_only_where_wanted(compose):
-    services = compose["services"]
-    for name in GPU_SERVICES:
-        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
-        assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}], name
-    assert "deploy" not in services["train-cpu"], "the cpu service must start without the NVIDIA runtime"
-    assert services["train-cpu"]["profiles"] == ["cpu"]
-    assert "profiles" not in services["train"], "`docker compose up` starts `train`"
+        assert ("deploy" in svc) == (hardware != "cpu"), f"{name}: GPUs on every profile but cpu"
 
 
 def test_volumes_data_read_only_outputs_read_write_as_non_root(compose):
@@ -210,3 +274,40 @@ def test_docker_compose_interpolates_hardware_and_train_args(tmp_path):
     assert shlex.split(services["train"]["command"]) == ["hardware=rtx4080", "trainer.epochs=2", "data.num_workers=3"]
     assert "--nproc_per_node=4" in services["train-multi"]["entrypoint"]
     assert f"{tmp_path / 'd'}:/app/data:ro" in services["train"]["volumes"]
+
+
+def _compose_config(tmp_path, **variables) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("HARDWARE", "TRAIN_ARGS", "NPROC", "SHM_SIZE")}
+    env.update(DATA_DIR=str(tmp_path / "d"), OUTPUTS_DIR=str(tmp_path / "o"), **variables)
+    return subprocess.run(["docker-compose", "-f", str(COMPOSE), "config"], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_renders_each_hardware_fragment(tmp_path):
+    """HARDWARE selects the fragment: cpu renders no GPU reservation (so `HARDWARE=cpu docker compose up` runs
+    without the NVIDIA runtime), the GPU profiles reserve the GPUs; SHM_SIZE still overrides."""
+    cpu = yaml.safe_load(_compose_config(tmp_path, HARDWARE="cpu").stdout)["services"]
+    for name in LOADOUT_SERVICES:
+        assert "deploy" not in cpu[name], name
+    assert cpu["train"]["command"].split() == ["hardware=cpu"]
+    assert cpu["train"]["shm_size"] == "2gb" and cpu["train"]["entrypoint"] == ["python", "-m", "train"]
+    assert cpu["train-multi"]["entrypoint"][0] == "torchrun", "torchrun on CPU (gloo)"
+
+    gpu = yaml.safe_load(_compose_config(tmp_path, HARDWARE="rtx4080").stdout)["services"]
+    for name in LOADOUT_SERVICES:
+        assert gpu[name]["deploy"] == GPU_RESERVATION, name
+    assert gpu["train"]["command"].split() == ["hardware=rtx4080"]
+    assert gpu["train"]["shm_size"] == "8gb"
+    assert gpu["train"]["ulimits"]["stack"] == 67108864, "the x-train anchor still applies"
+
+    default = yaml.safe_load(_compose_config(tmp_path).stdout)["services"]
+    assert default["train"]["command"].split() == ["hardware=auto"] and "deploy" in default["train"]
+    a100 = yaml.safe_load(_compose_config(tmp_path, HARDWARE="a100", SHM_SIZE="24gb").stdout)["services"]
+    assert a100["train"]["shm_size"] == "24gb" and a100["train-multi"]["shm_size"] == "24gb"
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_unknown_hardware_names_the_missing_fragment(tmp_path):
+    result = _compose_config(tmp_path, HARDWARE="rtx9090")
+    assert result.returncode != 0
+    assert "docker/hardware/rtx9090.yml" in result.stderr, result.stderr

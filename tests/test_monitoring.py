@@ -141,6 +141,8 @@ def test_dashboard_and_prometheus_config_parse_and_name_served_metrics(tmp_path)
     (job,) = prom["scrape_configs"]
     targets = [t for group in job["static_configs"] for t in group["targets"]]
     assert "train:9400" in targets and "train-multi:9401" in targets, "base port + LOCAL_RANK per rank"
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert {t.split(":")[0] for t in targets} <= set(services), "every target is a compose service"
     for path in (MONITORING / "grafana" / "provisioning").rglob("*.yml"):
         assert yaml.safe_load(path.read_text())["apiVersion"] == 1, path
     datasource = yaml.safe_load((MONITORING / "grafana/provisioning/datasources/prometheus.yml").read_text())
