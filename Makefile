@@ -56,5 +56,5 @@ tensorboard: setup ## Serve outputs/ in TensorBoard on http://127.0.0.1:6006 (TB
 bench: setup dataset ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
 	@for b in decode workers epoch_latency packed cache rss gpu_prefetch; do $(PY) bench/$$b.py || exit 1; done
 
-clean: ## Remove outputs/ and multirun/ (keeps .venv and data/)
-	rm -rf outputs multirun
+clean: ## Remove outputs/ (runs and sweeps; keeps .venv and data/)
+	rm -rf outputs
