@@ -15,7 +15,11 @@ from train.data.transforms import DeviceNormalize
 
 
 class DevicePrefetcher:
-    """Yields (images, targets, bad_count) on `device`, float and normalized, one batch ahead on CUDA."""
+    """Yields (images, targets, bad_count, *extra) on `device`, float and normalized, one batch ahead on CUDA.
+
+    Elements after the third ride along untouched: the sample indices (trainer.record_samples) and, for the
+    training stream, the loader state taken as that batch left the loader (stream.py). A batch's state thus
+    reaches the loop with that batch, whatever this prefetcher has drawn ahead."""
 
     def __init__(self, loader: Iterable, device: torch.device, *, normalize: bool, channels_last: bool,
                  non_blocking: bool = True):
@@ -29,7 +33,7 @@ class DevicePrefetcher:
         return len(self.loader)
 
     def _to_device(self, batch):
-        images, targets, bad, *extra = batch  # extra: the sample indices under trainer.record_samples
+        images, targets, bad, *extra = batch  # extra: indices, the stream's loader state; passed on as is
         images = images.to(self.device, non_blocking=self.non_blocking)
         targets = targets.to(self.device, non_blocking=self.non_blocking)
         if self.normalizer is not None and images.numel():

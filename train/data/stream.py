@@ -6,31 +6,54 @@ MultiEpochsDataLoader does), so while the loop finishes epoch e and runs validat
 epoch e+1. Each index travels with its epoch, `(epoch, index)`: the inner sampler's `set_epoch` (DistributedSampler)
 runs in the main process as that epoch's indices are drawn, and the worker-side dataset sees the right epoch for
 every sample even while the main process is still in the previous one (a shared "current epoch" value would be
-wrong for exactly the samples prefetched across the boundary). The position the loop has consumed is the state:
-resuming at (epoch, batch) draws the same order and, with per-sample seeding (resumable.py), the same pixels.
+wrong for exactly the samples prefetched across the boundary).
+
+The loader is torchdata's StatefulDataLoader and its `state_dict()` is what a checkpoint keeps. The batch sampler
+follows torchdata's Stateful protocol: its state is the (epoch, batch) position after the last batch its iterator
+handed out, which the loader records as each batch's indices go to a worker. The loader's state taken right after
+a batch comes out of it is therefore that batch's position, however many batches the workers still hold; the
+stream takes it there, before the device prefetcher draws a batch ahead, and keeps the state of the last batch the
+loop received. Resuming at (epoch, batch) draws the same order and, with per-sample seeding (resumable.py), the
+same pixels.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, Dataset, Sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from train.data.loader import build_sampler, checked_loader_kwargs
 from train.data.resumable import EpochSeededDataset
 from train.data.workers import collate_skipping_bad, loader_seed
 from train.dist import DistEnv
 
+log = logging.getLogger(__name__)
+
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     """Batches of (epoch, index) for epochs `start_epoch`..`epochs - 1`, skipping the first `start_batch` batches
-    of the first; a batch never spans two epochs and `drop_last` applies per epoch."""
+    of the first; a batch never spans two epochs and `drop_last` applies per epoch.
+
+    Stateful in torchdata's sense: `state_dict()` is the position after the last batch the live iterator handed
+    out, `{"epoch", "batch"}`; `load_state_dict` makes the next iterator start there (StatefulDataLoader calls both;
+    one iterator is live at a time)."""
 
     def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool, epochs: int):
         self.sampler, self.batch_size, self.drop_last, self.epochs = sampler, batch_size, drop_last, epochs
         self.start_epoch = self.start_batch = 0
+        self.epoch = self.batch = 0  # the live iterator's position
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start_epoch = self.epoch = int(state["epoch"])
+        self.start_batch = self.batch = int(state["batch"])
 
     def batches_per_epoch(self) -> int:
         return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
@@ -39,26 +62,44 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         return max(self.epochs - self.start_epoch, 0) * self.batches_per_epoch() - self.start_batch
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        for epoch in range(self.start_epoch, self.epochs):
+        self.epoch, self.batch = self.start_epoch, self.start_batch
+        return self._batches(self.start_epoch, self.start_batch)
+
+    def _batches(self, start_epoch: int, start_batch: int) -> Iterator[list[tuple[int, int]]]:
+        per_epoch = self.batches_per_epoch()
+        for epoch in range(start_epoch, self.epochs):
             if hasattr(self.sampler, "set_epoch"):
                 self.sampler.set_epoch(epoch)
-            skip = self.start_batch if epoch == self.start_epoch else 0
-            for batch in itertools.islice(BatchSampler(self.sampler, self.batch_size, self.drop_last), skip, None):
+            skip = start_batch if epoch == start_epoch else 0
+            batches = itertools.islice(BatchSampler(self.sampler, self.batch_size, self.drop_last), skip, None)
+            for number, batch in enumerate(batches, start=skip + 1):
+                self.epoch, self.batch = (epoch + 1, 0) if number == per_epoch else (epoch, number)
                 yield [(epoch, index) for index in batch]
 
 
 class TrainStream:
     """The training loader as the loop sees it: `len` = batches per epoch, iterating yields the rest of the
-    current epoch (on the device), `state_dict`/`load_state_dict` = the (epoch, batch) position consumed.
+    current epoch (on the device), `state_dict`/`load_state_dict` = the position consumed.
 
-    `open_batches(loader)` turns the loader into device batches (the DevicePrefetcher); it wraps the whole
-    multi-epoch iterator, so its one-batch-ahead copy also crosses epoch boundaries. The position counts the
-    batches handed to the loop, never the ones in flight, so a checkpoint taken mid-epoch resumes exactly.
+    `open_batches(batches)` turns the loader's batches into device batches (the DevicePrefetcher); it wraps the
+    whole multi-epoch iterator, so its one-batch-ahead copy also crosses epoch boundaries. Each batch carries the
+    loader's `state_dict()` taken the moment it left the loader, as a last tuple element that `open_batches` passes
+    through (the prefetcher keeps trailing elements); the stream strips it and keeps the one of the last batch it
+    yielded. So the state counts the batches handed to the loop, never the ones in flight, and a checkpoint taken
+    mid-epoch resumes exactly.
+
+    `state_dict()` = `{"epoch", "batch", "num_workers", "loader"}`: the stream's own count, which splits the
+    batches into epochs, and the StatefulDataLoader's state that the data position is restored from.
     """
 
-    def __init__(self, loader: Iterable, batches: EpochBatchSampler, open_batches: Callable[[Iterable], Iterable]):
+    def __init__(self, loader: StatefulDataLoader, batches: EpochBatchSampler,
+                 open_batches: Callable[[Iterable], Iterable]):
         self.loader, self.batches, self.open_batches = loader, batches, open_batches
         self.epoch = self.batch = 0
+        self.loader_state: dict | None = None  # loader.state_dict() as of the last batch yielded
+        # With in_order=false, batches leave in completion order and torchdata keeps no exact state (it warns on
+        # every state_dict()); the position is then the (epoch, batch) count alone, as inexact as the order.
+        self.stateful = loader.num_workers == 0 or loader.in_order
         self._iter: Iterator | None = None
 
     def __len__(self) -> int:
@@ -70,22 +111,41 @@ class TrainStream:
             self.seek(epoch, 0)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.batch}
+        return {"epoch": self.epoch, "batch": self.batch, "num_workers": self.loader.num_workers,
+                "loader": self.loader_state}
 
     def load_state_dict(self, state: dict) -> None:
-        self.seek(int(state["epoch"]), int(state["batch"]))
+        """Continue after the batches `state` counts: through `StatefulDataLoader.load_state_dict` when it holds a
+        loader state for this many workers (torchdata restores only the same worker count), otherwise by starting
+        the batch sampler at (epoch, batch), which draws the same batches (checkpoints from before the loader
+        state, or another data.num_workers)."""
+        loader_state = state.get("loader")
+        if loader_state is not None and state.get("num_workers") != self.loader.num_workers:
+            log.info("the checkpoint's loader state is for %s workers, this loader has %d: resuming from its "
+                     "(epoch, batch) position", state.get("num_workers"), self.loader.num_workers)
+            loader_state = None
+        self.seek(int(state["epoch"]), int(state["batch"]), force=True)
+        if loader_state is not None:
+            self.loader.load_state_dict(loader_state)
+            self.loader_state = loader_state
 
-    def seek(self, epoch: int, batch: int) -> None:
+    def seek(self, epoch: int, batch: int, force: bool = False) -> None:
         """Continue from batch `batch` of `epoch`; the workers' prefetched batches are dropped."""
-        if (epoch, batch) == (self.epoch, self.batch):
+        if (epoch, batch) == (self.epoch, self.batch) and not force:
             return
         self.close()
-        self.epoch, self.batch = epoch, batch
+        self.loader.next_iter_state = None  # a state loaded earlier must not override this position
+        self.epoch, self.batch, self.loader_state = epoch, batch, None
 
     def close(self) -> None:
         if self._iter is not None and hasattr(self._iter, "close"):
             self._iter.close()
         self._iter = None
+
+    def _with_state(self) -> Iterator[tuple]:
+        """The loader's batches, each with the loader's state as of that batch (the workers' prefetch excluded)."""
+        for batch in self.loader:
+            yield (*batch, self.loader.state_dict() if self.stateful else None)
 
     def __iter__(self) -> Iterator:
         per_epoch = len(self)
@@ -94,28 +154,29 @@ class TrainStream:
             return
         if self._iter is None:
             self.batches.start_epoch, self.batches.start_batch = self.epoch, self.batch
-            self._iter = iter(self.open_batches(self.loader))
+            self._iter = iter(self.open_batches(self._with_state()))
         while self.epoch == epoch:
             try:
-                batch = next(self._iter)
+                *batch, state = next(self._iter)
             except BaseException:
                 self._iter = None  # a failed iterator is finished; the next pass restarts from the position
                 raise
+            self.loader_state = state
             self.batch += 1
             if self.batch == per_epoch:
                 self.epoch, self.batch = epoch + 1, 0
-            yield batch
+            yield tuple(batch)
 
 
 def build_train_stream(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device, *, seed: int, epochs: int,
                        open_batches: Callable[[Iterable], Iterable], record_indices: bool = False) -> TrainStream:
-    """The training stream from data.*: every DataLoader knob as for any loader, one batch sampler over all
-    `epochs`, each sample's augmentation drawn from (seed, epoch, index) (resumable.py)."""
+    """The training stream from data.*: a StatefulDataLoader with every DataLoader knob as for any loader, one
+    batch sampler over all `epochs`, each sample's augmentation drawn from (seed, epoch, index) (resumable.py)."""
     kwargs = checked_loader_kwargs(data_cfg, env, device)
     del kwargs["batch_size"]  # the batch sampler batches
     sampler = build_sampler(dataset, data_cfg, env, train=True, seed=seed)
     batches = EpochBatchSampler(sampler, data_cfg.batch_size, data_cfg.drop_last, epochs)
-    loader = DataLoader(EpochSeededDataset(dataset, seed, with_index=record_indices), batch_sampler=batches,
-                        collate_fn=collate_skipping_bad, generator=torch.Generator().manual_seed(
-                            loader_seed(seed, env.rank)), **kwargs)
+    loader = StatefulDataLoader(EpochSeededDataset(dataset, seed, with_index=record_indices), batch_sampler=batches,
+                                collate_fn=collate_skipping_bad, generator=torch.Generator().manual_seed(
+                                    loader_seed(seed, env.rank)), **kwargs)
     return TrainStream(loader, batches, open_batches)
