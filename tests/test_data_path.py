@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2
 
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
 from train.config import ConfigError, validate
@@ -22,8 +23,9 @@ from train.data.cache import SharedSampleCache
 from train.data.datasets import ImageFolderDataset, build_datasets
 from train.data.loader import build_sampler
 from train.data.packed import PackedDataset
+from train.data.resumable import EpochSeededDataset, sample_seed, sample_seeds
 from train.data.stream import EpochBatchSampler, build_train_stream
-from train.data.transforms import fit_square
+from train.data.transforms import SeedPipeline, fit_square
 from train.data.workers import loader_seed, seed_worker
 from train.dist import DistEnv
 
@@ -176,6 +178,58 @@ def test_pack_round_trip_equals_the_decoded_pixels(tiny_dataset, tmp_path):
     cfg = data_cfg(out, "data.dataset=packed", "data.num_workers=2")
     batches = epoch_batches(build_data(cfg, DistEnv(), CPU), 0)
     assert batches[0][0].shape == (16, 3, 32, 32)
+
+
+def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoch_and_index(tiny_dataset, tmp_path):
+    """Packed training batches: each sample a 32 px window of its stored 37 px image, flipped or not, drawn from
+    (seed, epoch, index) alone, so any batching, order or worker count gives the same pixels."""
+    out = tmp_path / "packed"
+    subprocess.run([sys.executable, "scripts/pack_dataset.py", str(tiny_dataset), str(out), "--size", "37"],
+                   cwd=ROOT, check=True, capture_output=True)
+    dataset = EpochSeededDataset(PackedDataset(out / "train", SeedPipeline([v2.RandomCrop(32),
+                                                                             v2.RandomHorizontalFlip()])), seed=0)
+    keys = [(0, i) for i in range(len(dataset))]
+    whole = dataset.__getitems__(keys)
+    shuffled = dataset.__getitems__(keys[::-3])
+    for (image, target), (again, target2) in zip(whole[::-3], shuffled, strict=True):
+        assert torch.equal(image, again) and target == target2
+    assert torch.equal(dataset[(0, 7)][0], whole[7][0])
+    flips = 0
+    for index in range(0, len(dataset), 10):
+        image, stored = whole[index][0], dataset.load(index)
+        assert image.shape == (3, 32, 32) and image.dtype == torch.uint8
+        windows = stored.unfold(1, 32, 1).unfold(2, 32, 1).permute(1, 2, 0, 3, 4).reshape(-1, 3, 32, 32)
+        plain = any(torch.equal(image, w) for w in windows)
+        flipped = any(torch.equal(image.flip(-1), w) for w in windows)
+        assert plain or flipped
+        flips += flipped and not plain
+    assert 5 <= flips <= 19  # p = 0.5 over 24 samples
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(whole, dataset.__getitems__([(1, i) for i, _ in keys]),
+                                                             strict=True))
+    cfgs = [data_cfg(out, "data.dataset=packed", f"data.num_workers={w}") for w in (0, 2)]
+    a, b = (epoch_batches(build_data(cfg, DistEnv(), CPU), 0) for cfg in cfgs)
+    assert same(a, b)
+
+
+def test_sample_seeds_vectorised_equal_scalar_and_distinct():
+    epochs, indices = np.repeat(np.arange(3), 1000), np.tile(np.arange(1000), 3)
+    seeds = sample_seeds(0, epochs, indices)
+    assert seeds.dtype == np.uint64 and len(set(seeds.tolist())) == 3000
+    assert sample_seed(0, 2, 17) == int(seeds[2017]) >> 1
+    assert not np.array_equal(sample_seeds(1, epochs, indices), seeds)
+    assert 0.45 < float(np.mean(seeds & np.uint64(1))) < 0.55
+
+
+def test_seed_pipeline_draws_and_pixels_equal_v2():
+    steps = [v2.Resize(37, antialias=True), v2.RandomCrop(32), v2.RandomHorizontalFlip(p=0.3),
+             v2.ToDtype(torch.float32, scale=True), v2.Normalize((0.4, 0.5, 0.6), (0.2, 0.3, 0.2))]
+    reference, direct = v2.Compose(steps), SeedPipeline(steps)
+    for seed in range(50):
+        image = torch.randint(0, 256, (3, 40 + seed % 7, 48 - seed % 5), dtype=torch.uint8)
+        torch.manual_seed(seed)
+        expected, next_draw = reference(image), torch.rand(1)
+        torch.manual_seed(seed)
+        assert torch.equal(direct(image), expected) and torch.equal(torch.rand(1), next_draw)
 
 
 # -- shared cache ----------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
     seed = cfg.trainer.seed
     pipeline = DataPipeline(
         train_loader=None,
-        val_loader=build_loader(val_ds, data, env, device, train=False, seed=seed),
+        val_loader=build_loader(val_ds, data, env, device, seed=seed),
         num_classes=num_classes,
         device=device,
         normalize_on_device=data.device_transforms,

@@ -20,7 +20,6 @@ from torch.utils.data import (
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from train.data.resumable import EpochIndexSampler, EpochSeededDataset
 from train.data.workers import collate_skipping_bad, loader_seed, mixed_seed, seed_worker
 from train.dist import DistEnv
 
@@ -144,21 +143,15 @@ def checked_loader_kwargs(data_cfg, env: DistEnv, device: torch.device) -> dict:
     return kwargs
 
 
-def build_loader(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device, *, train: bool,
-                 seed: int, record_indices: bool = False) -> StatefulDataLoader:
-    """A StatefulDataLoader (a drop-in DataLoader with state_dict) configured from data.*.
-
-    The training loader draws each sample's augmentation from (seed, epoch, index) (train/data/resumable.py),
-    so a resumed run sees the same crops as an uninterrupted one; `record_indices` adds each batch's indices.
-    """
+def build_loader(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device, *,
+                 seed: int) -> StatefulDataLoader:
+    """The evaluation loader: a StatefulDataLoader over `dataset` in order (each rank its own contiguous shard),
+    configured from data.*. The training loader is the TrainStream (stream.py), the one way to build it."""
     kwargs = checked_loader_kwargs(data_cfg, env, device)
-    sampler = build_sampler(dataset, data_cfg, env, train, seed)
-    if train:
-        sampler = EpochIndexSampler(sampler)
-        dataset = EpochSeededDataset(dataset, seed, with_index=record_indices)
+    sampler = build_sampler(dataset, data_cfg, env, train=False, seed=seed)
     generator = torch.Generator().manual_seed(loader_seed(seed, env.rank))
-    return StatefulDataLoader(dataset, sampler=sampler, collate_fn=collate_skipping_bad,
-                              drop_last=data_cfg.drop_last if train else False, generator=generator, **kwargs)
+    return StatefulDataLoader(dataset, sampler=sampler, collate_fn=collate_skipping_bad, drop_last=False,
+                              generator=generator, **kwargs)
 
 
 def explain_loader_error(err: BaseException, data_cfg) -> LoaderError | None:

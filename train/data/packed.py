@@ -6,6 +6,11 @@ Layout of one split folder (`scripts/pack_dataset.py` writes root/train and root
     meta.json    {"classes": [...], "size": S, "source": "..."}
 Workers open the array with numpy's memmap on first use (never pickled to them), so all of them share the page
 cache: one copy of the data in RAM whatever the number of workers, and no copy-on-read growth.
+
+Samples are fetched a batch at a time (`__getitems__`, `seeded_items`): the batch's indices in sorted order (the
+page cache reads forwards), each image's crop copied straight from the map into one batch array. For training,
+the seed pipeline's RandomCrop + RandomHorizontalFlip run vectorised from each sample's 64-bit draw (resumable.py):
+no torch RNG, no transform dispatch per sample.
 """
 
 from __future__ import annotations
@@ -18,14 +23,30 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2
 
 from train.config import ConfigError
-from train.data.transforms import fit_square
+from train.data.transforms import BATCHABLE, fit_square
 
 log = logging.getLogger(__name__)
 
 IMAGES, TARGETS, META = "images.npy", "targets.npy", "meta.json"
 Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _crop_flip_plan(transform) -> tuple[tuple[int, int], float, list] | None:
+    """((crop h, w), flip p, the rest) when `transform` is RandomCrop (no padding) -> [RandomHorizontalFlip] ->
+    per-pixel steps (ToDtype, Normalize) that apply to a whole batch; None for any other pipeline."""
+    steps = list(transform.transforms) if isinstance(transform, v2.Compose) else [transform]
+    if not steps or type(steps[0]) is not v2.RandomCrop or steps[0].padding is not None or steps[0].pad_if_needed:
+        return None
+    size, flip = tuple(steps[0].size), 0.0
+    rest = steps[1:]
+    if rest and type(rest[0]) is v2.RandomHorizontalFlip:
+        flip, rest = float(rest[0].p), rest[1:]
+    if not all(type(step) in BATCHABLE for step in rest):
+        return None
+    return size, flip, rest
 
 
 class PackedDataset(Dataset):
@@ -49,8 +70,10 @@ class PackedDataset(Dataset):
 
     @property
     def images(self) -> np.ndarray:
+        """The memory-mapped (N, 3, S, S) array, as a plain ndarray view (numpy's memmap subclass costs
+        microseconds per indexing)."""
         if self._images is None:
-            self._images = np.load(self.split_dir / IMAGES, mmap_mode="r")
+            self._images = np.load(self.split_dir / IMAGES, mmap_mode="r").view(np.ndarray)
         return self._images
 
     def __len__(self) -> int:
@@ -64,6 +87,50 @@ class PackedDataset(Dataset):
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[index])
+
+    def load_many(self, indices) -> torch.Tensor:
+        """uint8 (n, 3, S, S) of `indices`, in their order, read from the map in sorted order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        order = np.argsort(indices, kind="stable")
+        batch = np.empty((len(indices), *self.images.shape[1:]), dtype=np.uint8)
+        batch[order] = self.images[indices[order]]  # one fancy-indexed read
+        return torch.from_numpy(batch)
+
+    def __getitems__(self, indices) -> list:
+        """A batch of `dataset[i]` (the DataLoader calls this with each batch of indices)."""
+        images = self.load_many(indices)
+        if self.transform is not None:
+            images = [self.transform(image) for image in images]
+        return list(zip(images, self.targets[np.asarray(indices, dtype=np.int64)].tolist(), strict=True))
+
+    def seeded_items(self, indices: np.ndarray, seeds: np.ndarray) -> list | None:
+        """The samples at `indices` with their random crop and flip taken from `seeds` (uint64, one per sample;
+        resumable.py), vectorised over the batch; None when the transform is not RandomCrop -> RandomHorizontalFlip
+        -> per-pixel steps (the caller then seeds torch's RNG per sample)."""
+        plan = _crop_flip_plan(self.transform)
+        if plan is None:
+            return None
+        (height, width), flip_p, rest = plan
+        images = self.images
+        side_h, side_w = images.shape[2:]
+        if height > side_h or width > side_w:
+            raise ValueError(f"Required crop size {(height, width)} is larger than input image size "
+                             f"{(side_h, side_w)}: pack at data.image_size or larger")
+        seeds = np.asarray(seeds, dtype=np.uint64)
+        top = (((seeds >> np.uint64(40)) * np.uint64(side_h - height + 1)) >> np.uint64(24)).tolist()
+        left = ((((seeds >> np.uint64(16)) & np.uint64(0xFFFFFF)) * np.uint64(side_w - width + 1))
+                >> np.uint64(24)).tolist()
+        flip = ((seeds & np.uint64(0xFFFF)).astype(np.float64) < flip_p * 65536).tolist()
+        index_list = np.asarray(indices, dtype=np.int64).tolist()
+        batch = np.empty((len(index_list), images.shape[1], height, width), dtype=np.uint8)
+        for k in sorted(range(len(index_list)), key=index_list.__getitem__):  # forwards through the map
+            y, x = top[k], left[k]
+            crop = images[index_list[k], :, y:y + height, x:x + width]
+            batch[k] = crop[..., ::-1] if flip[k] else crop
+        out = torch.from_numpy(batch)
+        for step in rest:
+            out = step(out)
+        return list(zip(out, self.targets[index_list].tolist(), strict=True))
 
 
 class _Fitted(Dataset):

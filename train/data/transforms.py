@@ -4,16 +4,61 @@ Workers keep images uint8. With data.device_transforms=true the float conversion
 (`DeviceNormalize`, used by train/data/prefetcher.py), so a quarter of the bytes cross to the GPU; otherwise they
 run here in the workers. Inputs that are already square at the resize size (the packed format, the shared sample
 cache) skip the Resize step: `fit_square` is the one place that makes them.
+
+The pipelines are `SeedPipeline`s: a v2.Compose whose single-tensor path calls each step's own `make_params` and
+`transform` directly, the same RNG draws and pixels as v2 without its per-call input flattening and checks
+(~30 us a sample here). The packed format runs RandomCrop + RandomHorizontalFlip per batch instead (packed.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
+from torchvision.transforms.v2._transform import _RandomApplyTransform
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
+
+
+# Per-pixel steps that give the same result on a (N, C, H, W) batch as on each image (packed.py batches them).
+BATCHABLE = (v2.ToDtype, v2.Normalize)
+
+
+def _direct(step: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`step(image)` for one plain tensor without v2's dispatch: the same draws in the same order as its forward
+    (a RandomApply transform's coin first, then `make_params`); any other callable is called as it is."""
+    forward = getattr(type(step), "forward", None)
+    if forward is v2.Transform.forward:
+        return lambda image: step.transform(image, step.make_params([image]))
+    if forward is _RandomApplyTransform.forward:
+        threshold = float(torch.tensor(step.p, dtype=torch.float32))  # v2 compares a float32 draw with p as float32
+
+        def coin_then_transform(image: torch.Tensor) -> torch.Tensor:
+            if torch.rand(1).item() >= threshold:
+                return image
+            return step.transform(image, step.make_params([image]))
+        return coin_then_transform
+    return step
+
+
+class SeedPipeline(v2.Compose):
+    """v2.Compose; one plain tensor in (a dataset sample) runs the steps directly (`_direct`), anything else
+    (tv_tensors, several inputs) goes through v2 as usual."""
+
+    def __init__(self, transforms: list):
+        super().__init__(transforms)
+        self._steps = [_direct(step) for step in transforms]
+
+    def forward(self, *inputs):
+        if len(inputs) != 1 or type(inputs[0]) is not torch.Tensor:
+            return super().forward(*inputs)
+        image = inputs[0]
+        for step in self._steps:
+            image = step(image)
+        return image
 
 
 def resize_size(data_cfg) -> int:
@@ -36,9 +81,9 @@ def _to_float(data_cfg) -> list:
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
 
 
-def build_train_transform(data_cfg, input_size: int | None = None) -> v2.Compose:
+def build_train_transform(data_cfg, input_size: int | None = None) -> SeedPipeline:
     """`input_size`: the side of inputs already made square by `fit_square` (None: any decoded image)."""
-    return v2.Compose([
+    return SeedPipeline([
         *_resize(data_cfg, input_size),
         v2.RandomCrop(data_cfg.image_size),
         v2.RandomHorizontalFlip(),
@@ -46,8 +91,8 @@ def build_train_transform(data_cfg, input_size: int | None = None) -> v2.Compose
     ])
 
 
-def build_val_transform(data_cfg, input_size: int | None = None) -> v2.Compose:
-    return v2.Compose([
+def build_val_transform(data_cfg, input_size: int | None = None) -> SeedPipeline:
+    return SeedPipeline([
         *_resize(data_cfg, input_size),
         v2.CenterCrop(data_cfg.image_size),
         *_to_float(data_cfg),
