@@ -30,6 +30,11 @@ BATCHABLE = (v2.ToDtype, v2.Normalize)
 def _direct(step: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
     """`step(image)` for one plain tensor without v2's dispatch: the same draws in the same order as its forward
     (a RandomApply transform's coin first, then `make_params`); any other callable is called as it is."""
+    if type(step) is v2.RandomCrop and step.padding is None and not step.pad_if_needed:
+        return _random_crop(*step.size)
+    if type(step) is v2.RandomHorizontalFlip:
+        threshold = float(torch.tensor(step.p, dtype=torch.float32))  # v2 compares a float32 draw with p as float32
+        return lambda image: image if torch.rand(1).item() >= threshold else image.flip(-1)
     forward = getattr(type(step), "forward", None)
     if forward is v2.Transform.forward:
         return lambda image: step.transform(image, step.make_params([image]))
@@ -42,6 +47,20 @@ def _direct(step: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
             return step.transform(image, step.make_params([image]))
         return coin_then_transform
     return step
+
+
+def _random_crop(height: int, width: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """v2.RandomCrop((height, width)) without padding: its two draws (top, then left, each only where the image is
+    larger), its error for a too small image, and its crop (a slice)."""
+    def crop(image: torch.Tensor) -> torch.Tensor:
+        image_h, image_w = image.shape[-2:]
+        if image_h < height or image_w < width:
+            raise ValueError(f"Required crop size {(height, width)} is larger than input image size "
+                             f"{(image_h, image_w)}.")
+        top = int(torch.randint(0, image_h - height + 1, size=())) if image_h > height else 0
+        left = int(torch.randint(0, image_w - width + 1, size=())) if image_w > width else 0
+        return image[..., top:top + height, left:left + width]
+    return crop
 
 
 class SeedPipeline(v2.Compose):
