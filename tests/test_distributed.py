@@ -69,8 +69,12 @@ def flat(batches: list[list[int]]) -> list[int]:
     return [i for batch in batches for i in batch]
 
 
+def final_checkpoint(run_dir: Path) -> dict:
+    return checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST, torch.device("cpu"))
+
+
 def final_model(run_dir: Path) -> dict:
-    return checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST, torch.device("cpu"))["model"]
+    return final_checkpoint(run_dir)["model"]
 
 
 def assert_same_training(run_dir: Path, reference: Path) -> None:
@@ -137,6 +141,11 @@ def test_stopped_run_started_again_with_resume_auto_matches(dist_dataset, refere
     stopped = torchrun(args, tmp_path, env=kill)
     assert stopped.returncode != 0, "the first run was meant to die at step 9"
     assert len(read_metrics(run_dir)) == 1
+    saved = final_checkpoint(run_dir)["loader"]["ranks"]  # step 8: each rank's StatefulDataLoader state
+    assert [(r["epoch"], r["batch"], r["num_workers"]) for r in saved] == [(1, 2, 1)] * 2
+    for rank in saved:
+        assert rank["loader"]["_snapshot"]["_main_snapshot"]["_index_sampler_state"] == {"epoch": 1, "batch": 2}
+    assert saved[0]["loader"] != saved[1]["loader"], "each rank's loader (its seeds) is saved, not rank 0's twice"
     ok(torchrun([*args, "trainer.resume=auto"], tmp_path))
     assert_same_training(run_dir, reference_run)
 

@@ -147,7 +147,8 @@ def test_checkpoint_holds_the_stateful_dataloader_state_and_resume_restores_it(t
     state = checkpoint.load(first.checkpoint_path, CPU)
     first.data.train_loader.close()
     assert state["progress"]["batch_in_epoch"] == 3
-    saved = state["loader"]
+    assert len(state["loader"]["ranks"]) == 1  # one stream state per rank
+    saved = state["loader"]["ranks"][0]
     assert (saved["epoch"], saved["batch"], saved["num_workers"]) == (0, 3, 2)
     loader_state = saved["loader"]
     assert set(loader_state) == {"_snapshot", "_steps_since_snapshot", "_iterator_finished"}

@@ -97,6 +97,13 @@ class Trainer:
         if self.samples is not None:
             self.samples.write()
             barrier()
+        if loader_state is not None:  # None on every rank at once (epoch ends), so the gather is collective
+            # every rank's stream state, by rank: the same position, but each loader's own seeds
+            ranks = [loader_state]
+            if self.env.distributed:
+                ranks = [None] * self.env.world_size
+                torch.distributed.all_gather_object(ranks, loader_state)
+            loader_state = {"ranks": ranks}
         if self.env.is_main:
             checkpoint.save_atomic(self.state_dict(loader_state), self.checkpoint_path)
         barrier()
@@ -109,8 +116,11 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         if state.get("loader") is not None and self.progress.batch_in_epoch < len(self.data.train_loader):
+            ranks = state["loader"].get("ranks", [state["loader"]])  # older checkpoints: one {"epoch", "batch"}
+            mine = ranks[self.env.rank] if len(ranks) == self.env.world_size else {
+                "epoch": ranks[0]["epoch"], "batch": ranks[0]["batch"]}  # another world size: the position only
             self.data.set_epoch(self.progress.epoch)
-            self.data.train_loader.load_state_dict(state["loader"])
+            self.data.train_loader.load_state_dict(mine)
         log.info("resumed from %s at epoch %d, batch %d, step %d", path, self.progress.epoch + 1,
                  self.progress.batch_in_epoch, self.progress.step)
 
