@@ -15,13 +15,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from train.config import register  # noqa: E402
 from train.data import DataPipeline, build_data  # noqa: E402
 from train.dist import DistEnv  # noqa: E402
+from train.meters import children_rss_bytes  # noqa: E402
 
 DATA = Path(os.environ.get("DATA", ROOT / "data" / "synthetic"))
 CPU = torch.device("cpu")
@@ -63,13 +63,7 @@ def interleaved(measure_a: Callable[[], float], measure_b: Callable[[], float], 
 
 def workers_rss_mb() -> dict[int, float]:
     """RSS of each child process (the DataLoader workers) in MiB."""
-    out = {}
-    for child in psutil.Process().children(recursive=True):
-        try:
-            out[child.pid] = child.memory_info().rss / 2**20
-        except psutil.NoSuchProcess:
-            continue
-    return out
+    return {pid: rss / 2**20 for pid, rss in children_rss_bytes().items()}
 
 
 def machine() -> str:

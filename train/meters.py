@@ -11,16 +11,20 @@ import psutil
 import torch
 
 
-def process_tree_rss_mb() -> float:
-    """RSS of this process plus its children (the DataLoader workers), in MiB."""
-    me = psutil.Process()
-    total = me.memory_info().rss
-    for child in me.children(recursive=True):
+def children_rss_bytes() -> dict[int, int]:
+    """RSS of each child process (the DataLoader workers), by pid; children that just exited are left out."""
+    rss = {}
+    for child in psutil.Process().children(recursive=True):
         try:
-            total += child.memory_info().rss
+            rss[child.pid] = child.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return total / 2**20
+    return rss
+
+
+def process_tree_rss_mb() -> float:
+    """RSS of this process plus its children (the DataLoader workers), in MiB."""
+    return (psutil.Process().memory_info().rss + sum(children_rss_bytes().values())) / 2**20
 
 
 @dataclass

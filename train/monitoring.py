@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from train.config import ConfigError
 from train.dist import DistEnv
-from train.meters import EpochMeter
+from train.meters import EpochMeter, children_rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,7 @@ class MemorySampler:
     peak_rss: int = 0
 
     def sample(self) -> MemorySample:
-        me = psutil.Process()
-        workers = {}
-        for child in me.children(recursive=True):
-            try:
-                workers[child.pid] = child.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        sample = MemorySample(main_rss=me.memory_info().rss, worker_rss=workers)
+        sample = MemorySample(main_rss=psutil.Process().memory_info().rss, worker_rss=children_rss_bytes())
         try:
             shm = shutil.disk_usage(SHM_PATH)
             sample.shm_used, sample.shm_total = shm.used, shm.total
