@@ -20,7 +20,8 @@ from torch.utils.data import (
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from train.data.workers import collate_skipping_bad, loader_seed, mixed_seed, seed_worker
+from train.data.ring import build_collate
+from train.data.workers import loader_seed, mixed_seed, seed_worker
 from train.dist import DistEnv
 
 log = logging.getLogger(__name__)
@@ -150,8 +151,8 @@ def build_loader(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device,
     kwargs = checked_loader_kwargs(data_cfg, env, device)
     sampler = build_sampler(dataset, data_cfg, env, train=False, seed=seed)
     generator = torch.Generator().manual_seed(loader_seed(seed, env.rank))
-    return StatefulDataLoader(dataset, sampler=sampler, collate_fn=collate_skipping_bad, drop_last=False,
-                              generator=generator, **kwargs)
+    return StatefulDataLoader(dataset, sampler=sampler, collate_fn=build_collate(data_cfg, kwargs),
+                              drop_last=False, generator=generator, **kwargs)
 
 
 def explain_loader_error(err: BaseException, data_cfg) -> LoaderError | None:

@@ -29,7 +29,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from train.data.loader import build_sampler, checked_loader_kwargs
 from train.data.resumable import EpochSeededDataset
-from train.data.workers import collate_skipping_bad, loader_seed
+from train.data.ring import build_collate
+from train.data.workers import loader_seed
 from train.dist import DistEnv
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,6 @@ def build_train_stream(dataset: Dataset, data_cfg, env: DistEnv, device: torch.d
     sampler = build_sampler(dataset, data_cfg, env, train=True, seed=seed)
     batches = EpochBatchSampler(sampler, data_cfg.batch_size, data_cfg.drop_last, epochs)
     loader = StatefulDataLoader(EpochSeededDataset(dataset, seed, with_index=record_indices), batch_sampler=batches,
-                                collate_fn=collate_skipping_bad, generator=torch.Generator().manual_seed(
+                                collate_fn=build_collate(data_cfg, kwargs), generator=torch.Generator().manual_seed(
                                     loader_seed(seed, env.rank)), **kwargs)
     return TrainStream(loader, batches, open_batches)

@@ -1,0 +1,127 @@
+"""The shared-memory batch ring (train/data/ring.py): the same batches as the plain collate, never aliased."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import Dataset, SequentialSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from train.data.resumable import EpochSeededDataset
+from train.data.ring import ShmRing, build_collate
+from train.data.stream import EpochBatchSampler
+from train.data.workers import collate_skipping_bad
+
+SIZE, BATCH, EPOCHS = 8, 6, 3
+
+
+class Pixels(Dataset):
+    """Images whose every pixel depends on (index, the sample's seeded draw); every 7th index unreadable."""
+
+    def __len__(self) -> int:
+        return 45  # 7 full batches and a partial one per epoch
+
+    def __getitem__(self, index: int):
+        if index % 7 == 3:
+            return None
+        base = torch.randint(0, 256, (3, SIZE, SIZE), dtype=torch.uint8)
+        return base ^ index, index % 5
+
+
+def loader(collate, *, workers: int = 2, in_order: bool = True, context=None, epochs: int = EPOCHS):
+    batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, epochs)
+    return StatefulDataLoader(EpochSeededDataset(Pixels(), seed=3, with_index=True), batch_sampler=batches,
+                              collate_fn=collate, num_workers=workers, prefetch_factor=2 if workers else None,
+                              persistent_workers=workers > 0, in_order=in_order, multiprocessing_context=context)
+
+
+def ring(slots: int = 2) -> ShmRing:
+    return ShmRing(2, slots, (BATCH, 3, SIZE, SIZE), torch.uint8)
+
+
+def expected() -> list[tuple]:
+    return list(loader(collate_skipping_bad, workers=0))
+
+
+def assert_same(got: list[tuple], want: list[tuple]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert len(a) == len(b) == 4  # images, targets, bad count, indices
+        for x, y in zip(a, b, strict=True):
+            if isinstance(y, torch.Tensor):
+                assert isinstance(x, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+            else:
+                assert x == y
+
+
+def test_ring_batches_equal_plain_batches_over_epochs_with_slots_reused():
+    want = expected()
+    assert len(want) == EPOCHS * 8 and sum(b[2] for b in want) > 0 and want[7][0].shape[0] < BATCH
+    # slots = prefetch_factor, the least the ring's reasoning allows: each slot rewritten every other batch
+    assert_same(list(loader(ring(slots=2))), want)
+    assert_same(list(loader(collate_skipping_bad)), want)
+
+
+def test_a_consumer_holding_every_batch_sees_its_own_values():
+    held = []
+    for batch in loader(ring(slots=2)):
+        held.append(batch)  # never freed: a batch aliasing its slot would show a later batch's pixels
+    assert_same(held, expected())
+    assert len({b[0].data_ptr() for b in held}) == len(held)
+
+
+def test_out_of_order_batches_are_the_same_batches():
+    def keys(batches):
+        return sorted((b[3].tolist(), b[1].tolist(), b[2], b[0].numpy().tobytes()) for b in batches)
+
+    assert keys(loader(ring(slots=2), in_order=False)) == keys(expected())
+
+
+def test_resume_from_a_loader_state_gives_the_rest_through_the_ring():
+    first = loader(ring())
+    it = iter(first)
+    head = [next(it) for _ in range(11)]
+    state = first.state_dict()
+    second = loader(ring())
+    second.load_state_dict(state)
+    assert_same(head + list(second), expected())
+
+
+def test_spawn_workers_map_the_same_ring():
+    assert_same(list(loader(ring(), context="spawn", epochs=1)), expected()[:8])
+
+
+def test_batches_that_do_not_fit_and_the_main_process_use_the_plain_collate():
+    small = ShmRing(2, 2, (BATCH, 3, SIZE // 2, SIZE // 2), torch.uint8)
+    assert_same(list(loader(small, epochs=1)), expected()[:8])
+    sample = [(torch.zeros(3, SIZE, SIZE, dtype=torch.uint8), 1)]
+    images, targets, bad = ring()(sample)  # outside a worker
+    assert images.shape == (1, 3, SIZE, SIZE) and targets.tolist() == [1] and bad == 0
+
+
+def test_build_collate_sizes_the_ring_from_the_config():
+    class Cfg:
+        device_transforms, batch_size, image_size = False, 4, 16
+
+    assert build_collate(Cfg, {"num_workers": 0}) is collate_skipping_bad
+    collate = build_collate(Cfg, {"num_workers": 3, "prefetch_factor": None, "pin_memory": False})
+    assert collate.buffers.shape == (3, 4, 4, 3, 16, 16) and collate.buffers.dtype == torch.float32
+    assert collate.buffers.is_shared()
+    assert pickle.loads(pickle.dumps(collate)).token == collate.token
+
+
+@pytest.mark.parametrize("workers", [2])
+def test_a_failing_sample_still_raises_through_the_ring(workers):
+    class Failing(Pixels):
+        def __getitem__(self, index):
+            if index == 20:
+                raise ValueError("unreadable on purpose")
+            return super().__getitem__(index)
+
+    batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, 1)
+    failing = StatefulDataLoader(EpochSeededDataset(Failing(), seed=3), batch_sampler=batches, collate_fn=ring(),
+                                 num_workers=workers, prefetch_factor=2)
+    with pytest.raises(ValueError, match="unreadable on purpose"):
+        list(failing)
