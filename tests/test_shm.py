@@ -15,8 +15,8 @@ from train.data.shm import check_shm, estimate_loader_shm_bytes, warn_if_shm_too
 
 def test_estimate_counts_every_batch_in_flight():
     # 4 workers x 2 prefetched batches x 1 MiB x headroom 2
-    assert estimate_loader_shm_bytes(4, 2, 1 << 20) == 16 << 20
-    assert estimate_loader_shm_bytes(4, 2, 1 << 20, headroom=1.0) == 8 << 20
+    assert estimate_loader_shm_bytes(4, 2, 1 << 20, headroom=1.0) == 16 << 20, "4 workers x (2 + 2) ring slots"
+    assert estimate_loader_shm_bytes(4, 2, 1 << 20) == 20 << 20
     assert estimate_loader_shm_bytes(0, 2, 1 << 20) == 0, "no workers: batches never cross processes"
     with pytest.raises(ValueError):
         estimate_loader_shm_bytes(-1, 2, 1)

@@ -42,6 +42,8 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
+from train.config import ConfigError
+from train.data.shm import RING_SPARE_SLOTS, SHM_PATH
 from train.data.workers import collate_skipping_bad
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,14 @@ class ShmRing:
         if num_workers < 1 or slots < 1:
             raise ValueError("a ShmRing needs num_workers >= 1 and slots >= 1")
         self.slots, self.pin_memory = slots, pin_memory
-        self.buffers = torch.empty((num_workers, slots, *shape), dtype=dtype).share_memory_()
+        try:
+            self.buffers = torch.empty((num_workers, slots, *shape), dtype=dtype).share_memory_()
+        except RuntimeError as err:  # torch reserves the pages up front: a full /dev/shm fails here, not later
+            raise ConfigError(
+                f"data.num_workers={num_workers}: the workers' batch ring needs {num_workers} x {slots} batches of "
+                f"{shape} in {SHM_PATH} and it has no room ({err}). Fix: more shared memory (compose shm_size, "
+                "`docker run --shm-size=8g` or `--ipc=host`), or lower data.num_workers, data.prefetch_factor or "
+                "data.batch_size") from err
         self.token = uuid.uuid4().hex
         self._pid, self._count, self._warned = None, 0, False
         _RINGS[self.token] = self
@@ -143,5 +152,6 @@ def build_collate(data_cfg, loader_kwargs: dict):
     prefetch = loader_kwargs.get("prefetch_factor") or 2
     dtype = torch.uint8 if data_cfg.device_transforms else torch.float32
     shape = (data_cfg.batch_size, 3, data_cfg.image_size, data_cfg.image_size)
-    return ShmRing(num_workers, prefetch + 2, shape, dtype, pin_memory=bool(loader_kwargs.get("pin_memory")))
+    return ShmRing(num_workers, prefetch + RING_SPARE_SLOTS, shape, dtype,
+                   pin_memory=bool(loader_kwargs.get("pin_memory")))
 

@@ -24,19 +24,23 @@ def _human(n: int) -> str:
     return f"{-(-mib // 1024)}g" if mib >= 1024 else f"{max(mib, 1)}m"
 
 
-def estimate_loader_shm_bytes(
-    num_workers: int, prefetch_factor: int, batch_bytes: int, headroom: float = 2.0
-) -> int:
-    """Shared memory a DataLoader may hold at once: every worker keeps `prefetch_factor` batches in flight.
+RING_SPARE_SLOTS = 2  # the batch ring (ring.py) keeps prefetch_factor + 2 slots per worker
 
-    `headroom` covers batches the main process still references (pinning, the device prefetcher) and
-    allocator slack. Returns 0 for `num_workers == 0` (batches are built in the main process, no shm).
+
+def estimate_loader_shm_bytes(
+    num_workers: int, prefetch_factor: int, batch_bytes: int, headroom: float = 1.25
+) -> int:
+    """Shared memory a DataLoader holds: the batch ring's `prefetch_factor + 2` slots per worker (ring.py), for the
+    loader's lifetime.
+
+    `headroom` covers the small per-batch segments and allocator slack. Returns 0 for `num_workers == 0` (batches
+    are built in the main process, no shm).
     """
     if num_workers < 0 or prefetch_factor < 0 or batch_bytes < 0 or headroom < 0:
         raise ValueError("num_workers, prefetch_factor, batch_bytes and headroom must be >= 0")
     if num_workers == 0:
         return 0
-    return int(num_workers * max(prefetch_factor, 1) * batch_bytes * headroom)
+    return int(num_workers * (max(prefetch_factor, 1) + RING_SPARE_SLOTS) * batch_bytes * headroom)
 
 
 def check_shm(required_bytes: int, path: str = SHM_PATH) -> str | None:
