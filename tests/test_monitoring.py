@@ -190,9 +190,10 @@ class LiveRun:
 
 
 def start_prometheus(tmp: Path, target_port: int) -> tuple[subprocess.Popen, int]:
-    """The repo's prometheus.yml with its targets pointed at the local trainer and a 1 s scrape interval."""
+    """The repo's prometheus.yml with its targets pointed at the local trainer, scraped every 100 ms: the test run
+    trains for only a second or two, and a rate needs at least two samples."""
     conf = yaml.safe_load(PROMETHEUS_YML.read_text())
-    conf["global"]["scrape_interval"] = "1s"
+    conf["global"]["scrape_interval"] = "100ms"
     conf["scrape_configs"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{target_port}"]}]
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(conf))
     port = free_port()
@@ -217,7 +218,7 @@ def live_run(tiny_dataset, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("live")
     port = free_port()
     prometheus, prometheus_port = start_prometheus(tmp, port) if shutil.which("prometheus") else (None, None)
-    args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+    args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=64", "data.batch_size=16",
             "data.num_workers=2", "trainer.epochs=2", "trainer.max_steps=20", "trainer.progress=false",
             f"trainer.metrics_port={port}", f"hydra.run.dir={tmp / 'run'}"]
     proc = subprocess.Popen([sys.executable, "-m", "train", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -266,12 +267,14 @@ def test_real_prometheus_scrapes_the_trainer_and_dashboard_queries_return_data(l
         assert body["status"] == "success", (expr, body)
         return body["data"]["result"]
 
+    (scrapes,) = query("count_over_time(loadout_images_total[10m])")
+    assert int(scrapes["value"][1]) >= 2, "fewer than two scrapes while training: no rate can be computed"
     (up,) = query('max_over_time(up{job="loadout"}[10m])')
     assert float(up["value"][1]) == 1.0
     (images,) = query("max_over_time(loadout_images_total[10m])")
     assert float(images["value"][1]) >= 16 and images["metric"]["rank"] == "0"
-    for expr in dashboard_exprs():  # each panel's query, over the run (a 5 s rate window at 1 s scrapes)
-        result = query(f"max_over_time(({expr.replace('$__rate_interval', '5s')})[10m:1s])")
+    for expr in dashboard_exprs():  # each panel's query over the whole run (the rate window spans all of it)
+        result = query(f"max_over_time(({expr.replace('$__rate_interval', '1m')})[10m:100ms])")
         if "gpu" not in expr:
             assert result and all(math.isfinite(float(r["value"][1])) for r in result), expr
 
@@ -295,7 +298,7 @@ def test_torchrun_ranks_serve_base_port_plus_local_rank(tiny_dataset, tmp_path):
     base = free_port()
     while base >= 65535 or not _free(base + 1):
         base = free_port()
-    args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+    args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=64", "data.batch_size=16",
             "data.num_workers=1", "trainer.epochs=1", "trainer.max_steps=12", "trainer.progress=false",
             f"trainer.metrics_port={base}", f"hydra.run.dir={tmp_path / 'run'}"]
     torchrun = Path(sys.executable).with_name("torchrun")
