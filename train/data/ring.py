@@ -139,7 +139,7 @@ class ShmRing:
         slot = self._count % self.slots
         self._count += 1
         torch.stack(images, out=self.buffers[info.id, slot, :len(good)])
-        columns = [_by_value(default_collate(list(column))) for column in zip(*good, strict=True)][1:]
+        columns = [_by_value(default_collate(list(column))) for column in list(zip(*good, strict=True))[1:]]
         return RingBatch(self.token, info.id, slot, len(good), columns, bad)
 
 
