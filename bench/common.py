@@ -51,14 +51,25 @@ def images_per_s(batches: Iterable, step: Callable[[], None] | None = None) -> f
     return count / (time.perf_counter() - start)
 
 
-def interleaved(measure_a: Callable[[], float], measure_b: Callable[[], float], rounds: int = 2,
-                best=max) -> tuple[float, float]:
-    """Best of `rounds` for each side, measured A B A B."""
+def interleaved_samples(measure_a: Callable[[], float], measure_b: Callable[[], float],
+                        rounds: int = 2) -> tuple[list[float], list[float]]:
+    """Every measurement of each side, taken A B A B."""
     a, b = [], []
     for _ in range(rounds):
         a.append(measure_a())
         b.append(measure_b())
+    return a, b
+
+
+def interleaved(measure_a: Callable[[], float], measure_b: Callable[[], float], rounds: int = 2,
+                best=max) -> tuple[float, float]:
+    """Best of `rounds` for each side, measured A B A B."""
+    a, b = interleaved_samples(measure_a, measure_b, rounds)
     return best(a), best(b)
+
+
+def spread(samples: list[float]) -> str:
+    return f"{min(samples):.0f}-{max(samples):.0f}"
 
 
 def workers_rss_mb() -> dict[int, float]:
