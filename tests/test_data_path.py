@@ -25,7 +25,7 @@ from train.data.loader import build_sampler
 from train.data.packed import PackedDataset
 from train.data.resumable import EpochSeededDataset, sample_seed, sample_seeds
 from train.data.stream import EpochBatchSampler, build_train_stream
-from train.data.transforms import SeedPipeline, fit_square
+from train.data.transforms import MEAN, STD, SeedPipeline, fit_square
 from train.data.workers import loader_seed, seed_worker
 from train.dist import DistEnv
 
@@ -298,6 +298,31 @@ def test_corrupt_file_raises_under_on_bad_sample_raise(corrupt_dataset, tmp_path
 
 
 # -- device transforms -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_decoded_jpeg_batches_travel_channels_last_and_reach_the_model_in_its_layout(tiny_dataset, workers,
+                                                                                     channels_last):
+    """Decoded JPEGs are HWC in memory: the loader stacks them as channels_last batches (a row copy, not a
+    transposing one), equal to a plain NCHW stack; the device side hands the model the layout it asked for."""
+    cfg = data_cfg(tiny_dataset, f"data.num_workers={workers}", f"trainer.channels_last={channels_last}")
+    if workers == 0:
+        cfg.data.prefetch_factor = None
+        cfg.data.persistent_workers = False
+    data = build_data(cfg, DistEnv(), CPU)
+    dataset = data.val_loader.dataset
+    host = next(iter(data.val_loader))
+    images = host[0]
+    assert images.dtype == torch.uint8 and images.is_contiguous(memory_format=torch.channels_last)
+    plain = torch.stack([dataset[i][0].contiguous() for i in range(images.shape[0])])
+    assert torch.equal(images, plain)
+    on_device = next(iter(data.on_device(data.val_loader)))[0]
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    assert on_device.dtype == torch.float32 and on_device.is_contiguous(memory_format=layout)
+    mean = torch.tensor(MEAN).view(1, 3, 1, 1) * 255
+    std = torch.tensor(STD).view(1, 3, 1, 1) * 255
+    torch.testing.assert_close(on_device, (plain.float() - mean) / std)
+
+
 def test_device_normalize_matches_worker_normalize(tiny_dataset):
     on_device = epoch_batches(build_data(data_cfg(tiny_dataset, "data.device_transforms=true"), DistEnv(), CPU), 0)
     in_workers = epoch_batches(build_data(data_cfg(tiny_dataset, "data.device_transforms=false"), DistEnv(), CPU),

@@ -65,6 +65,26 @@ def test_ring_batches_equal_plain_batches_over_epochs_with_slots_reused():
     assert_same(list(loader(collate_skipping_bad)), want)
 
 
+class HwcPixels(Pixels):
+    """The same pixels laid out HWC in memory, as decoded JPEGs are."""
+
+    def __getitem__(self, index: int):
+        sample = super().__getitem__(index)
+        return None if sample is None else (sample[0].permute(1, 2, 0).contiguous().permute(2, 0, 1), sample[1])
+
+
+def test_hwc_images_go_through_the_ring_as_channels_last_batches_of_the_same_values():
+    def hwc_loader(collate, workers: int = 2):
+        batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, 1)
+        return StatefulDataLoader(EpochSeededDataset(HwcPixels(), seed=3, with_index=True), batch_sampler=batches,
+                                  collate_fn=collate, num_workers=workers, prefetch_factor=2 if workers else None)
+
+    got, plain = list(hwc_loader(ring(slots=2))), list(hwc_loader(collate_skipping_bad, workers=0))
+    assert_same(got, expected()[:8])
+    assert_same(plain, expected()[:8])
+    assert all(b[0].is_contiguous(memory_format=torch.channels_last) for b in got + plain)
+
+
 def test_a_consumer_holding_every_batch_sees_its_own_values():
     held = []
     for batch in loader(ring(slots=2)):

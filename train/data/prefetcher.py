@@ -1,7 +1,8 @@
 """Device prefetcher: the next batch copied to the device on a side CUDA stream while the current one computes.
 
-Batches arrive as uint8 (pinned by the loader when data.pin_memory=true); the copy is non_blocking on a side
-stream, then the float conversion, Normalize and channels_last run on the device. On CPU the same code runs
+Batches arrive as uint8 (pinned by the loader when data.pin_memory=true), NHWC in memory when the images were
+(decoded JPEGs); the copy is non_blocking on a side stream, then the layout the model wants (trainer.channels_last),
+the float conversion and Normalize run on the device. On CPU the same code runs
 without streams. Modelled on timm's PrefetchLoader.
 """
 
@@ -26,6 +27,7 @@ class DevicePrefetcher:
         self.loader = loader
         self.device = device
         self.channels_last = channels_last
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.non_blocking = non_blocking and device.type == "cuda"
         self.normalizer = DeviceNormalize(device) if normalize else None
 
@@ -36,10 +38,10 @@ class DevicePrefetcher:
         images, targets, bad, *extra = batch  # extra: indices, the stream's loader state; passed on as is
         images = images.to(self.device, non_blocking=self.non_blocking)
         targets = targets.to(self.device, non_blocking=self.non_blocking)
+        if images.dim() == 4:  # the loader's batches come in the images' own layout (channels_last for JPEGs)
+            images = images.contiguous(memory_format=self.memory_format)
         if self.normalizer is not None and images.numel():
             images = self.normalizer(images)
-        if self.channels_last and images.dim() == 4:
-            images = images.contiguous(memory_format=torch.channels_last)
         return (images, targets, bad, *extra)
 
     def __iter__(self) -> Iterator:

@@ -5,8 +5,9 @@ default_collate); the worker then first-touches all of its pages and the main pr
 maps and later unmaps it. On small machines that costs milliseconds per batch whatever the samples (bench/RESULTS.md).
 Here the main process allocates, before any worker starts, `slots` buffers of the largest batch per worker in one
 shared tensor (inherited under fork, passed by file descriptor under spawn/forkserver). Worker w stacks its k-th
-batch into `ring[w, k % slots, :n]` and hands over a small `RingBatch`: the slot's coordinates, the targets (and
-sample indices) as numpy arrays by value, the skipped-sample count. Unpickling it in the main process copies the
+batch into slot `ring[w, k % slots]`, in the images' own memory layout (`stack_images`: channels_last for decoded
+JPEGs), and hands over a small `RingBatch`: the slot's coordinates and layout, the targets (and sample indices) as
+numpy arrays by value, the skipped-sample count. Unpickling it in the main process copies the
 images out of the slot into an ordinary tensor (pinned when the loader pins), so nothing that leaves the loader
 ever aliases a slot: the copy is taken the moment the loader receives the batch from the result queue, in the
 main thread, or in the pin-memory thread when data.pin_memory=true.
@@ -33,6 +34,7 @@ previous workers were joined first.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import uuid
 import weakref
@@ -44,7 +46,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from train.config import ConfigError
 from train.data.shm import RING_SPARE_SLOTS, SHM_PATH
-from train.data.workers import collate_skipping_bad
+from train.data.workers import batch_view, channels_innermost, collate_skipping_bad, stack_images, stackable
 
 log = logging.getLogger(__name__)
 
@@ -62,25 +64,27 @@ def _by_value(column):
     return False, column
 
 
-def _take(token: str, worker: int, slot: int, n: int, columns: list, bad: int) -> tuple:
+def _take(token: str, worker: int, slot: int, n: int, channels_last: bool, columns: list, bad: int) -> tuple:
     """Unpickling a RingBatch (in the loader's process): the images copied out of their slot, the columns back as
     tensors: `(images, targets, bad, *indices)`, as `collate_skipping_bad` returns it."""
     ring = _RINGS[token]
-    images = ring.copy_out(worker, slot, n)
+    images = ring.copy_out(worker, slot, n, channels_last)
     targets, *extra = [torch.from_numpy(value) if as_numpy else value for as_numpy, value in columns]
     return (images, targets, bad, *extra)
 
 
 class RingBatch:
-    """What a worker hands over: where its images lie in the ring, and everything else by value."""
+    """What a worker hands over: where its images lie in the ring (and in which layout), everything else by
+    value."""
 
-    __slots__ = ("token", "worker", "slot", "n", "columns", "bad")
+    __slots__ = ("token", "worker", "slot", "n", "channels_last", "columns", "bad")
 
-    def __init__(self, token: str, worker: int, slot: int, n: int, columns: list, bad: int):
-        self.token, self.worker, self.slot, self.n, self.columns, self.bad = token, worker, slot, n, columns, bad
+    def __init__(self, token: str, worker: int, slot: int, n: int, channels_last: bool, columns: list, bad: int):
+        self.token, self.worker, self.slot, self.n = token, worker, slot, n
+        self.channels_last, self.columns, self.bad = channels_last, columns, bad
 
     def __reduce__(self):
-        return _take, (self.token, self.worker, self.slot, self.n, self.columns, self.bad)
+        return _take, (self.token, self.worker, self.slot, self.n, self.channels_last, self.columns, self.bad)
 
 
 class ShmRing:
@@ -109,14 +113,16 @@ class ShmRing:
         self.__dict__.update(state)
         _RINGS.setdefault(self.token, self)  # a copy in the ring's own process leaves the original registered
 
-    def copy_out(self, worker: int, slot: int, n: int) -> torch.Tensor:
-        source = self.buffers[worker, slot, :n]
+    def copy_out(self, worker: int, slot: int, n: int, channels_last: bool) -> torch.Tensor:
+        shape = (n, *self.buffers.shape[3:])
+        count = math.prod(shape)
+        source = self.buffers[worker, slot].view(-1)[:count]
         pin = self.pin_memory and torch.cuda.is_available()
-        images = torch.empty(source.shape, dtype=source.dtype, pin_memory=pin)
+        copy = torch.empty(count, dtype=source.dtype, pin_memory=pin)
         # numpy's single-threaded memcpy: torch's copy_ splits a batch over the intra-op threads, whose barrier
         # waits for cores the workers hold (milliseconds per batch on 2 cores, vs ~50 us here)
-        np.copyto(images.numpy(), source.numpy())
-        return images
+        np.copyto(copy.numpy(), source.numpy())
+        return batch_view(copy, shape, channels_last)
 
     def __call__(self, batch: list):
         info = get_worker_info()
@@ -126,9 +132,8 @@ class ShmRing:
         bad = len(batch) - len(good)
         images = [sample[0] for sample in good]
         capacity = self.buffers.shape[2:]
-        if not good or len(good) > capacity[0] or not all(
-                isinstance(image, torch.Tensor) and image.dtype == self.buffers.dtype
-                and image.shape == capacity[1:] for image in images):
+        if not good or len(good) > capacity[0] or not stackable(images) or (
+                images[0].dtype != self.buffers.dtype or images[0].shape != capacity[1:]):
             if good and not self._warned:
                 self._warned = True
                 log.warning("worker %d: a batch does not fit the shared-memory ring (%s of %s %s): plain collate",
@@ -138,9 +143,9 @@ class ShmRing:
             self._pid, self._count = os.getpid(), 0
         slot = self._count % self.slots
         self._count += 1
-        torch.stack(images, out=self.buffers[info.id, slot, :len(good)])
+        stack_images(images, self.buffers[info.id, slot])
         columns = [_by_value(default_collate(list(column))) for column in list(zip(*good, strict=True))[1:]]
-        return RingBatch(self.token, info.id, slot, len(good), columns, bad)
+        return RingBatch(self.token, info.id, slot, len(good), channels_innermost(images[0]), columns, bad)
 
 
 def build_collate(data_cfg, loader_kwargs: dict):
