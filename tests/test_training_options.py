@@ -6,9 +6,14 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import compose_config, read_metrics, run_cli
+from train.data import build_data
 from train.data.datasets import Cifar10Dataset
+from train.dist import DistEnv
+from train.engine import Trainer
+from train.model import build_model
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +58,17 @@ def test_bf16_accumulation_channels_last_weighted_sampler(small_run_args, tmp_pa
     record = read_metrics(tmp_path / "run")[0]
     assert record["images"] == 3 * 2 * 16  # 3 optimizer steps x 2 micro-batches x batch 16
     assert np.isfinite(record["train_loss"])
+
+
+def test_micro_batches_short_of_an_accumulation_never_reach_the_next_epoch(tiny_dataset, tmp_path):
+    """240 images / batch 16 = 15 micro-batches an epoch, 2 per optimizer step: 7 steps, and the 15th micro-batch's
+    gradient is dropped at the epoch's end (as a resumed run, which never saw it, would have it)."""
+    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+                          "data.num_workers=0", "data.persistent_workers=false", "trainer.grad_accum_steps=2",
+                          "trainer.epochs=2", "trainer.progress=false"])
+    cpu = torch.device("cpu")
+    data = build_data(cfg, DistEnv(), cpu)
+    trainer = Trainer(cfg, DistEnv(), cpu, data, build_model(cfg.model.name, data.num_classes, cpu), tmp_path)
+    record = trainer.train_epoch()
+    assert record["images"] == 15 * 16 and trainer.progress.step == 7
+    assert all(p.grad is None for p in trainer.model.parameters())

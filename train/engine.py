@@ -219,6 +219,8 @@ class Trainer:
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.done():
                 break
+        if micro % accum:  # micro-batches short of a whole accumulation at the epoch's end: dropped, as drop_last
+            self.optimizer.zero_grad(set_to_none=True)  # would; never carried into the next epoch's first step
         return self._reduce_train(meter.summary())
 
     def _reduce_train(self, stats: dict) -> dict:
