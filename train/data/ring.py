@@ -144,7 +144,7 @@ class ShmRing:
         slot = self._count % self.slots
         self._count += 1
         stack_images(images, self.buffers[info.id, slot])
-        columns = [_by_value(default_collate(list(column))) for column in list(zip(*good, strict=True))[1:]]
+        columns = [_by_value(column) for column in default_collate([sample[1:] for sample in good])]
         return RingBatch(self.token, info.id, slot, len(good), channels_innermost(images[0]), columns, bad)
 
 
