@@ -26,7 +26,6 @@ class DevicePrefetcher:
                  non_blocking: bool = True):
         self.loader = loader
         self.device = device
-        self.channels_last = channels_last
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.non_blocking = non_blocking and device.type == "cuda"
         self.normalizer = DeviceNormalize(device) if normalize else None

@@ -28,19 +28,24 @@ STD = (0.229, 0.224, 0.225)
 BATCHABLE = (v2.ToDtype, v2.Normalize)
 
 
+def _as_float32(p: float) -> float:
+    """A RandomApply transform's p as v2 compares it: with a float32 draw, so as float32."""
+    return float(torch.tensor(p, dtype=torch.float32))
+
+
 def _direct(step: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
     """`step(image)` for one plain tensor without v2's dispatch: the same draws in the same order as its forward
     (a RandomApply transform's coin first, then `make_params`); any other callable is called as it is."""
     if type(step) is v2.RandomCrop and step.padding is None and not step.pad_if_needed:
         return _random_crop(*step.size)
     if type(step) is v2.RandomHorizontalFlip:
-        threshold = float(torch.tensor(step.p, dtype=torch.float32))  # v2 compares a float32 draw with p as float32
+        threshold = _as_float32(step.p)
         return lambda image: image if torch.rand(1).item() >= threshold else image.flip(-1)
     forward = getattr(type(step), "forward", None)
     if forward is v2.Transform.forward:
         return lambda image: step.transform(image, step.make_params([image]))
     if forward is _RandomApplyTransform.forward:
-        threshold = float(torch.tensor(step.p, dtype=torch.float32))  # v2 compares a float32 draw with p as float32
+        threshold = _as_float32(step.p)
 
         def coin_then_transform(image: torch.Tensor) -> torch.Tensor:
             if torch.rand(1).item() >= threshold:
