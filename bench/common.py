@@ -6,7 +6,6 @@ shared with other jobs slows both sides alike.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
@@ -36,9 +35,6 @@ def config(*overrides: str):
 
 
 def pipeline(*overrides: str) -> DataPipeline:
-    # Earlier pipelines sit in reference cycles: collect them here, in the process that owns their workers, before
-    # new workers fork a copy of them (torchdata's iterator __del__ would then run in a child and complain).
-    gc.collect()
     return build_data(config(*overrides), DistEnv(), CPU)
 
 

@@ -4,6 +4,7 @@ device-side normalization."""
 
 from __future__ import annotations
 
+import gc
 import random
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -122,6 +124,29 @@ def test_epoch_reaches_persistent_workers_even_when_prefetched_across_the_bounda
         assert sorted(indices) == list(range(32))  # every sample once per epoch
         orders.append(indices)
     assert orders[0] != orders[1] != orders[2]  # the sampler's epoch changes the order
+
+
+@pytest.mark.parametrize("end", ["close", "drop"])
+def test_persistent_workers_end_promptly_on_close_or_when_the_pipeline_is_dropped(tiny_dataset, end):
+    """Nothing in the pipeline refers back to it, so dropping it ends its workers at once: a reference cycle would
+    leave them to the garbage collector, which finalizes the index queues first and makes each worker wait out
+    DataLoader's 5 s join timeout before it is killed."""
+    before = {child.pid for child in psutil.Process().children()}
+    pipeline = build_data(data_cfg(tiny_dataset, "data.num_workers=2"), DistEnv(), CPU)
+    epoch_batches(pipeline, 0)
+    next(iter(pipeline.on_device(pipeline.val_loader)))
+    workers = [child for child in psutil.Process().children() if child.pid not in before]
+    assert len(workers) == 4  # two training and two validation workers, persistent
+    gc.disable()
+    try:
+        if end == "close":
+            pipeline.close()
+        else:
+            del pipeline
+        _, alive = psutil.wait_procs(workers, timeout=3)
+    finally:
+        gc.enable()
+    assert not alive, f"workers {[child.pid for child in alive]} still running 3 s after the pipeline's {end}"
 
 
 def test_batches_never_span_epochs_and_drop_last_is_per_epoch():

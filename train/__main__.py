@@ -37,15 +37,15 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
     dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)
     monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken metrics port fails before any worker
     try:
-        data = build_data(cfg, env, device)
-        dist.init_process_group(env, device)
-        model = build_model(cfg.model.name, data.num_classes, device, channels_last=cfg.trainer.channels_last)
-        trainer = Trainer(cfg, env, device, data, model, run_dir, monitor)
-        restarted = env.restart_count > 0  # torchrun restarted the group: continue this run dir
-        resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir, restarted=restarted)
-        if resume_path is not None:
-            trainer.resume(resume_path)
-        return trainer.fit()
+        with build_data(cfg, env, device) as data:  # its workers end with the run (a multirun's next job starts)
+            dist.init_process_group(env, device)
+            model = build_model(cfg.model.name, data.num_classes, device, channels_last=cfg.trainer.channels_last)
+            trainer = Trainer(cfg, env, device, data, model, run_dir, monitor)
+            restarted = env.restart_count > 0  # torchrun restarted the group: continue this run dir
+            resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir, restarted=restarted)
+            if resume_path is not None:
+                trainer.resume(resume_path)
+            return trainer.fit()
     finally:
         monitor.close()
         dist.destroy_process_group()

@@ -7,14 +7,15 @@ boundaries; its batches arrive on the device already.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from train.data.datasets import build_datasets
-from train.data.loader import build_loader
+from train.data.loader import build_loader, shutdown_workers
 from train.data.prefetcher import DevicePrefetcher
 from train.data.stream import TrainStream, build_train_stream
 from train.dist import DistEnv
@@ -22,24 +23,34 @@ from train.dist import DistEnv
 
 @dataclass
 class DataPipeline:
+    """`close()` (or `with`) ends the workers; a pipeline dropped without it ends them when collected."""
+
     train_loader: TrainStream
     val_loader: StatefulDataLoader
     num_classes: int
-    device: torch.device
-    normalize_on_device: bool
-    channels_last: bool
-    non_blocking: bool
+    to_device: Callable[[Iterable], DevicePrefetcher]  # a loader's batches on the device, as the model wants them
 
     def on_device(self, loader) -> Iterable:
         """Iterate `loader` with batches on the device, normalized and in the model's memory format."""
         if isinstance(loader, TrainStream):
             return loader  # its batches are on the device already
-        return DevicePrefetcher(loader, self.device, normalize=self.normalize_on_device,
-                                channels_last=self.channels_last, non_blocking=self.non_blocking)
+        return self.to_device(loader)
 
     def set_epoch(self, epoch: int) -> None:
         """Position the training stream at `epoch` (the sampler's own set_epoch runs as its indices are drawn)."""
         self.train_loader.set_epoch(epoch)
+
+    def close(self) -> None:
+        """End both loaders' worker processes now."""
+        self.train_loader.close()
+        shutdown_workers(self.train_loader.loader)
+        shutdown_workers(self.val_loader)
+
+    def __enter__(self) -> DataPipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
@@ -47,16 +58,10 @@ def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
     data = cfg.data
     train_ds, val_ds, num_classes = build_datasets(data)
     seed = cfg.trainer.seed
-    pipeline = DataPipeline(
-        train_loader=None,
-        val_loader=build_loader(val_ds, data, env, device, seed=seed),
-        num_classes=num_classes,
-        device=device,
-        normalize_on_device=data.device_transforms,
-        channels_last=cfg.trainer.channels_last,
-        non_blocking=data.non_blocking,
-    )
-    pipeline.train_loader = build_train_stream(train_ds, data, env, device, seed=seed, epochs=cfg.trainer.epochs,
-                                               open_batches=pipeline.on_device,
-                                               record_indices=cfg.trainer.record_samples)
-    return pipeline
+    # no reference back to the pipeline: the stream holds this, and a cycle would leave its workers to the collector
+    to_device = partial(DevicePrefetcher, device=device, normalize=data.device_transforms,
+                        channels_last=cfg.trainer.channels_last, non_blocking=data.non_blocking)
+    val_loader = build_loader(val_ds, data, env, device, seed=seed)
+    train_stream = build_train_stream(train_ds, data, env, device, seed=seed, epochs=cfg.trainer.epochs,
+                                      open_batches=to_device, record_indices=cfg.trainer.record_samples)
+    return DataPipeline(train_stream, val_loader, num_classes, to_device)

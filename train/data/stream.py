@@ -36,6 +36,15 @@ from train.dist import DistEnv
 log = logging.getLogger(__name__)
 
 
+def _with_loader_state(loader: StatefulDataLoader, stateful: bool) -> Iterator[tuple]:
+    """The loader's batches, each with the loader's state as of that batch (the workers' prefetch excluded).
+
+    A function of the loader, not a TrainStream method: the stream holds this generator, which must not hold the
+    stream back (a reference cycle leaves the workers to the garbage collector, see `shutdown_workers`)."""
+    for batch in loader:
+        yield (*batch, loader.state_dict() if stateful else None)
+
+
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     """Batches of (epoch, index) for epochs `start_epoch`..`epochs - 1`, skipping the first `start_batch` batches
     of the first; a batch never spans two epochs and `drop_last` applies per epoch.
@@ -139,14 +148,10 @@ class TrainStream:
         self.epoch, self.batch, self.loader_state = epoch, batch, None
 
     def close(self) -> None:
+        """Drop the batches in flight; the workers stay (persistent) until `shutdown_workers(self.loader)`."""
         if self._iter is not None and hasattr(self._iter, "close"):
             self._iter.close()
         self._iter = None
-
-    def _with_state(self) -> Iterator[tuple]:
-        """The loader's batches, each with the loader's state as of that batch (the workers' prefetch excluded)."""
-        for batch in self.loader:
-            yield (*batch, self.loader.state_dict() if self.stateful else None)
 
     def __iter__(self) -> Iterator:
         per_epoch = len(self)
@@ -155,7 +160,7 @@ class TrainStream:
             return
         if self._iter is None:
             self.batches.start_epoch, self.batches.start_batch = self.epoch, self.batch
-            self._iter = iter(self.open_batches(self._with_state()))
+            self._iter = iter(self.open_batches(_with_loader_state(self.loader, self.stateful)))
         while self.epoch == epoch:
             try:
                 *batch, state = next(self._iter)
