@@ -146,9 +146,10 @@ def test_pick_best_respects_budget_and_prefers_less_memory_when_as_fast():
 
 def test_default_sweep_follows_the_cores():
     assert default_sweep(cores=2, cuda=False) == \
-        "data.num_workers=0,1 data.pin_memory=false data.persistent_workers=true,false"
+        "data.num_workers=0,1,2 data.pin_memory=false data.persistent_workers=true,false"
     assert default_sweep(cores=16, cuda=True).startswith(
-        "data.num_workers=0,1,2,3,4,6,8,10,12 data.pin_memory=true,false")
+        "data.num_workers=0,1,2,3,4,6,8,10,12,14,16 data.pin_memory=true,false")
+    assert default_sweep(cores=7, cuda=False).startswith("data.num_workers=0,1,2,3,4,5,6,7 ")  # 0.75 x 7 = 5
 
 
 def test_expand_sweep_is_the_cartesian_product():
