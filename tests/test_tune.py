@@ -13,11 +13,14 @@ import torch
 import yaml
 from hydra import initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from tests.conftest import CONF, compose_config, read_metrics, run_cli
 from train.config import ConfigError
+from train.tune import RESULT_FILE, find_duplicate, measured_config
 from train.tune_config import check_sweep, default_sweep, expand_sweep, register_tune
 from train.tune_profile import pick_best
+from train.tune_report import swept_elsewhere, table
 
 TINY = ["hardware=cpu", "data.image_size=32", "data.batch_size=16", "trainer.progress=false",
         "tune.repeats=3", "tune.warmup_batches=1", "tune.batches=3"]
@@ -150,6 +153,27 @@ def test_default_sweep_follows_the_cores():
     assert default_sweep(cores=16, cuda=True).startswith(
         "data.num_workers=0,1,2,3,4,6,8,10,12,14,16 data.pin_memory=true,false")
     assert default_sweep(cores=7, cuda=False).startswith("data.num_workers=0,1,2,3,4,5,6,7 ")  # 0.75 x 7 = 5
+
+
+def test_jobs_that_differ_outside_the_table_columns_are_measured_and_told_apart(tmp_path):
+    """Two jobs are duplicates only when their whole config is (a swept data.device_transforms is not a duplicate),
+    and the table shows such keys on each row."""
+    def config(device_transforms: bool, workers="auto"):
+        cfg = OmegaConf.create({"data": {"num_workers": workers, "pin_memory": True,
+                                         "device_transforms": device_transforms}, "trainer": {"amp": False}})
+        return measured_config(cfg, num_workers=2, pin_memory=False)
+
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / RESULT_FILE).write_text(json.dumps({"job": 0, "status": "ok", "config": config(True)}))
+    assert find_duplicate(tmp_path / "1", config(False)) is None
+    assert find_duplicate(tmp_path / "1", config(True, workers=2)) == 0  # auto resolved to the same 2 workers
+
+    results = [{"job": job, "status": "ok", "overrides": [f"data.num_workers={w}", f"data.device_transforms={d}",
+                                                         "trainer.progress=false"]}
+               for job, (w, d) in enumerate([(0, "true"), (0, "false"), (2, "true")])]
+    assert swept_elsewhere(results) == {0: "data.device_transforms=true", 1: "data.device_transforms=false",
+                                        2: "data.device_transforms=true"}
+    assert table(results).splitlines()[3].endswith("[data.device_transforms=false]")
 
 
 def test_expand_sweep_is_the_cartesian_product():

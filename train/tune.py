@@ -38,7 +38,7 @@ warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchd
 RESULT_FILE = "result.json"
 PROFILE_KEYS = {
     "data": ("batch_size", "image_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
-             "in_order", "multiprocessing_context"),
+             "in_order", "multiprocessing_context", "device_transforms"),
     "model": ("name",),
     "trainer": ("device", "amp", "channels_last"),
 }
@@ -144,7 +144,8 @@ def spread(samples: list[float]) -> float:
 
 
 def effective_settings(cfg: DictConfig, num_workers: int, pin_memory: bool) -> dict:
-    """What a job actually measured (resolved workers, pinning as the loader applies it): equal settings, equal job."""
+    """The knobs a hardware profile keeps, as the job applied them (resolved workers, pinning as the loader applies
+    it), with the dataset and the measuring window: what the report and the written profile show."""
     settings = {section: {key: cfg[section][key] for key in keys} for section, keys in PROFILE_KEYS.items()}
     settings["data"].update(num_workers=num_workers, pin_memory=pin_memory, dataset=cfg.data.dataset,
                             root=cfg.data.root)
@@ -152,13 +153,21 @@ def effective_settings(cfg: DictConfig, num_workers: int, pin_memory: bool) -> d
     return settings
 
 
-def find_duplicate(job_dir: Path, settings: dict) -> int | None:
-    """The number of an earlier job of this sweep that measured exactly these settings."""
+def measured_config(cfg: DictConfig, num_workers: int, pin_memory: bool) -> dict:
+    """The whole config a job measures, as the loader applies it (resolved workers and pinning): two jobs with equal
+    ones measure the same thing, whatever else their overrides spelled differently."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config["data"].update(num_workers=num_workers, pin_memory=pin_memory)
+    return config
+
+
+def find_duplicate(job_dir: Path, config: dict) -> int | None:
+    """The number of an earlier job of this sweep that measured exactly this `measured_config`."""
     for other in sorted(job_dir.parent.glob(f"*/{RESULT_FILE}")):
         if other.parent == job_dir:
             continue
         result = json.loads(other.read_text())
-        if result.get("status") == "ok" and result.get("settings") == settings:
+        if result.get("status") == "ok" and result.get("config") == config:
             return result["job"]
     return None
 
@@ -177,9 +186,10 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
         warnings.simplefilter("ignore")
         pin_memory = effective_pin_memory(cfg.data.pin_memory, device)
     settings = effective_settings(cfg, num_workers, pin_memory)
+    config = measured_config(cfg, num_workers, pin_memory)
     record = {"job": job, "overrides": list(HydraConfig.get().overrides.task), "settings": settings,
-              "notes": [f"{key} off: num_workers=0" for key in notes]}
-    duplicate = find_duplicate(job_dir, settings)
+              "config": config, "notes": [f"{key} off: num_workers=0" for key in notes]}
+    duplicate = find_duplicate(job_dir, config)
     if duplicate is not None:
         log.info("job %d measures the same settings as job %d: skipped", job, duplicate)
         return {**record, "status": "duplicate", "duplicate_of": duplicate}

@@ -73,11 +73,31 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+TABLE_KEYS = ("data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor")
+
+
+def swept_elsewhere(results: list[dict]) -> dict[int, str]:
+    """Per job, its overrides of the keys that vary across the sweep and have no column of their own (e.g.
+    data.device_transforms=true,false), so rows that differ only there can be told apart."""
+    values: dict[str, set[str]] = defaultdict(set)
+    parsed = {}
+    for r in results:
+        parsed[r["job"]] = dict(o.split("=", 1) for o in r.get("overrides", []) if "=" in o)
+        for key, value in parsed[r["job"]].items():
+            values[key].add(value)
+    varying = [key for key, seen in values.items() if key not in TABLE_KEYS and (
+        len(seen) > 1 or sum(key in overrides for overrides in parsed.values()) < len(parsed))]
+    return {job: " ".join(f"{key}={overrides[key]}" for key in varying if key in overrides)
+            for job, overrides in parsed.items()}
+
+
 def table(results: list[dict], best_job: int | None = None) -> str:
-    """A fixed-width table of the sweep; the chosen job is starred."""
+    """A fixed-width table of the sweep; the chosen job is starred. Keys swept beside the columns' own follow the
+    status."""
     head = f"{'':1}{'job':>4} {'workers':>7} {'pin':>5} {'persist':>7} {'prefetch':>8} {'img/s':>9} {'spread':>7} " \
            f"{'first batch s (per epoch)':<26} {'peak RSS MiB':>12} {'shm MiB':>8} {'stall':>6}  status"
     lines = [head, "-" * len(head)]
+    also = swept_elsewhere(results)
     for r in results:
         d = r.get("settings", {}).get("data", {})
         first = " ".join(f"{s:.3f}" for s in r.get("first_batch_s") or []) or "-"
@@ -91,7 +111,7 @@ def table(results: list[dict], best_job: int | None = None) -> str:
             f"{_fmt(d.get('pin_memory'), '>5')} {_fmt(d.get('persistent_workers'), '>7')} "
             f"{_fmt(d.get('prefetch_factor'), '>8')} {_fmt(r.get('images_per_s'), '>9.1f')} {spread:>7} "
             f"{first:<26} {_fmt(r.get('peak_rss_mb'), '>12.0f')} {_fmt(r.get('peak_shm_mb'), '>8.1f')} {stall:>6}"
-            f"  {status}")
+            f"  {status}" + (f"  [{also[r['job']]}]" if also.get(r["job"]) else ""))
     return "\n".join(lines)
 
 
