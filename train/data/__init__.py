@@ -23,7 +23,7 @@ from train.dist import DistEnv
 
 @dataclass
 class DataPipeline:
-    """`close()` (or `with`) ends the workers; a pipeline dropped without it ends them when collected."""
+    """`close()` (or `with`) ends the workers now; a pipeline simply dropped ends them as its last reference goes."""
 
     train_loader: TrainStream
     val_loader: StatefulDataLoader
