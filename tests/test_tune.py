@@ -153,6 +153,7 @@ def test_default_sweep_follows_the_cores():
     assert default_sweep(cores=16, cuda=True).startswith(
         "data.num_workers=0,1,2,3,4,6,8,10,12,14,16 data.pin_memory=true,false")
     assert default_sweep(cores=7, cuda=False).startswith("data.num_workers=0,1,2,3,4,5,6,7 ")  # 0.75 x 7 = 5
+    assert default_sweep(cores=64, cuda=False).startswith("data.num_workers=0,1,2,3,4,12,20,28,36,44,48,52,60,64 ")
 
 
 def test_jobs_that_differ_outside_the_table_columns_are_measured_and_told_apart(tmp_path):

@@ -108,13 +108,14 @@ def check_sweep(config_name: str, overrides: list[str]) -> int:
 
 
 def default_sweep(cores: int | None = None, cuda: bool | None = None) -> str:
-    """`make tune`'s sweep for this machine: workers 0..cores, every count up to 4 then every second one, so the
-    0.75 x cores starting point and the counts above it are both measured (on 2 cores, 2 workers measure 1.5-1.8x
-    0 workers and 1 worker ~1x: bench/RESULTS.md); pin_memory only with CUDA; persistence on and off."""
+    """`make tune`'s sweep for this machine: workers 0..cores (every count up to 4, then steps of max(2, cores / 8)),
+    so the 0.75 x cores starting point and the counts above it are both measured (on 2 cores, 2 workers measure
+    1.25-1.84x 0 workers: bench/RESULTS.md); pin_memory only with CUDA; persistence on and off."""
     cores = usable_cores() if cores is None else cores
     cuda = torch.cuda.is_available() if cuda is None else cuda
     start = max(1, int(0.75 * cores))
-    workers = sorted({0, *range(1, min(cores, 4) + 1), *range(4, cores + 1, 2), start, cores})
+    step = max(2, cores // 8)
+    workers = sorted({0, *range(1, min(cores, 4) + 1), *range(4, cores + 1, step), start, cores})
     pin = "true,false" if cuda else "false"
     return (f"data.num_workers={','.join(map(str, workers))} data.pin_memory={pin} "
             "data.persistent_workers=true,false")
