@@ -18,7 +18,7 @@ import statistics
 from itertools import chain
 
 import torch
-from common import DATA, host_batches, images_per_s, machine, pipeline, report, spread, steady_images_per_s
+from common import DATA, images_per_s, machine, pipeline, report, spread, steady_images_per_s
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.io import ImageReadMode, decode_image
@@ -36,9 +36,7 @@ def kit_rate(workers: int) -> float:
 def _side_by_side(start, results) -> None:
     torch.set_num_threads(1)  # as in a DataLoader worker
     with pipeline("data.num_workers=0", *KIT) as data:
-        images_per_s(host_batches(data, 0))  # warm-up, as steady_images_per_s
-        start.wait()
-        results.put(images_per_s(host_batches(data, 1)))
+        results.put(steady_images_per_s(data, before_timing=start.wait))
 
 
 def ceiling_rate() -> float:
