@@ -81,6 +81,33 @@ def test_worker_rngs_distinct_across_workers_and_ranks_and_reproducible():
     assert worker_draws(1, 0) != rank0
 
 
+class ThreadProbe(Dataset):
+    """The torch intra-op threads a sample is loaded with, and a draw from torch's RNG."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int):
+        return torch.tensor([torch.get_num_threads(), float(torch.rand(1))], dtype=torch.float64)
+
+
+def test_without_workers_samples_load_on_one_thread_and_leave_the_main_process_threads_and_rng_alone():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        torch.manual_seed(0)
+        expected_draw = torch.rand(1)
+        torch.manual_seed(0)
+        keys = [(0, index) for index in range(8)]
+        rows = torch.cat(list(DataLoader(EpochSeededDataset(ThreadProbe(), seed=0), sampler=keys, batch_size=4,
+                                             generator=torch.Generator().manual_seed(0))))
+        assert rows[:, 0].tolist() == [1.0] * 8  # as in a DataLoader worker
+        assert len(set(rows[:, 1].tolist())) == 8  # each sample drew from its own seed
+        assert torch.get_num_threads() == 2 and torch.equal(torch.rand(1), expected_draw)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_same_seed_same_batches_whatever_the_workers_and_distinct_across_ranks(tiny_dataset):
     env = DistEnv()
     a = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=0"), env, CPU), 0)

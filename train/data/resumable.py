@@ -17,7 +17,8 @@ batch are mixed in one vectorised numpy pass.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -41,6 +42,21 @@ def sample_seeds(seed: int, epochs, indices) -> np.ndarray:
     for key in (epochs, indices):
         state = _splitmix64((state ^ np.asarray(key, dtype=np.int64).astype(np.uint64)) + _GOLDEN)
     return state
+
+
+@contextmanager
+def main_process_data_work() -> Iterator[None]:
+    """num_workers=0: load samples in the main process as a DataLoader worker would, on one torch intra-op thread
+    (workers get `torch.set_num_threads(1)`), and without touching the main process's RNG. Per-sample decode and
+    transforms gain nothing from more threads, while the idle ones spin on every core: with 2 threads on 2 cores,
+    224 px samples took the whole machine and came 3-10 % slower than on one (bench/RESULTS.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -76,8 +92,8 @@ class EpochSeededDataset(Dataset):
         samples = None
         if hasattr(self.dataset, "seeded_items") and not hasattr(self.dataset, "set_epoch"):
             samples = self.dataset.seeded_items(indices, seeds)  # None: a transform it cannot batch
-        if samples is None and get_worker_info() is None:  # num_workers=0: leave the main process's RNG alone
-            with torch.random.fork_rng(devices=[]):
+        if samples is None and get_worker_info() is None:  # num_workers=0
+            with main_process_data_work():
                 samples = self._load_each(epochs, indices, seeds)
         elif samples is None:
             samples = self._load_each(epochs, indices, seeds)
