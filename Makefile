@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= data/synthetic
+SEED_DATA ?= data/synthetic-320
 ARGS ?=
 NPROC ?= 2
 
@@ -53,7 +54,10 @@ tune: setup dataset ## Sweep loader knobs on this box (SWEEP="data.num_workers=0
 tensorboard: setup ## Serve outputs/ in TensorBoard on http://127.0.0.1:6006 (TB_HOST=0.0.0.0 to share it)
 	$(VENV)/bin/tensorboard --logdir outputs --host $(TB_HOST) --port $(TB_PORT)
 
-bench: setup dataset ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
+$(SEED_DATA)/.complete: | $(VENV)/.installed
+	$(PY) scripts/make_dataset.py --out $(SEED_DATA) --size 320 --train-per-class 60 --val-per-class 5
+
+bench: setup dataset $(SEED_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
 	@for b in decode workers epoch_latency packed cache rss gpu_prefetch; do $(PY) bench/$$b.py || exit 1; done
 
 clean: ## Remove outputs/ (runs and sweeps; keeps .venv and data/)

@@ -23,19 +23,29 @@ from train.data import DataPipeline, build_data  # noqa: E402
 from train.dist import DistEnv  # noqa: E402
 from train.meters import children_rss_bytes  # noqa: E402
 
-DATA = Path(os.environ.get("DATA", ROOT / "data" / "synthetic"))
+DATA = Path(os.environ.get("DATA", ROOT / "data" / "synthetic"))  # the embedded set: 80 px JPEGs
+# ImageNet-sized JPEGs for the seed pipeline at its own sizes (Resize 256 -> RandomCrop 224): `make bench` makes it
+SEED_DATA = Path(os.environ.get("SEED_DATA", ROOT / "data" / "synthetic-320"))
 CPU = torch.device("cpu")
 
 
-def config(*overrides: str):
-    """The config as `python -m train hardware=cpu ...` composes it, on the embedded dataset by default."""
+def config(*overrides: str, root: Path = DATA):
+    """The config as `python -m train hardware=cpu data.root=ROOT ...` composes it."""
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=["hardware=cpu", f"data.root={DATA}", *overrides])
+        return compose(config_name="config", overrides=["hardware=cpu", f"data.root={root}", *overrides])
 
 
-def pipeline(*overrides: str) -> DataPipeline:
-    return build_data(config(*overrides), DistEnv(), CPU)
+def pipeline(*overrides: str, root: Path = DATA) -> DataPipeline:
+    return build_data(config(*overrides, root=root), DistEnv(), CPU)
+
+
+def jpeg_files(root: Path) -> list[Path]:
+    """The training JPEGs under `root`, or an error naming the command that makes them."""
+    files = sorted((root / "train").glob("*/*.jpg"))
+    if not files:
+        raise SystemExit(f"no JPEGs under {root}/train: `make bench` makes the benchmark datasets")
+    return files
 
 
 def images_per_s(batches: Iterable, step: Callable[[], None] | None = None) -> float:
