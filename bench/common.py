@@ -102,11 +102,8 @@ def host_batches(data: DataPipeline, epoch: int = 0) -> Iterable:
     return data.train_loader.loader
 
 
-def steady_images_per_s(data: DataPipeline, before_timing: Callable[[], None] | None = None) -> float:
+def steady_images_per_s(data: DataPipeline) -> float:
     """Images/s of the training stream's host batches over epochs 1.. after a warm-up epoch 0 (workers started,
-    page cache warm): `data` is built with trainer.epochs >= 2 and persistent workers. `before_timing` runs between
-    the two (e.g. a barrier that starts several processes together)."""
+    page cache warm): `data` is built with trainer.epochs >= 2 and persistent workers."""
     images_per_s(host_batches(data, 0))
-    if before_timing is not None:
-        before_timing()
     return images_per_s(host_batches(data, 1))
