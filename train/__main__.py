@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import warnings
 from pathlib import Path
 
 import hydra
@@ -20,7 +19,6 @@ from train.dist import DistEnv, hydra_rank_overrides
 
 log = logging.getLogger("train")
 register()
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata's StatefulDataLoader, harmless
 
 
 def run(cfg: DictConfig, run_dir: Path) -> list[dict]:

@@ -33,7 +33,6 @@ from train.tune_config import normalize_worker_knobs, register_tune, validate_tu
 
 log = logging.getLogger("train.tune")
 register_tune()
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata's StatefulDataLoader, harmless
 
 RESULT_FILE = "result.json"
 PROFILE_KEYS = {

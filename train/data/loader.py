@@ -144,6 +144,14 @@ def checked_loader_kwargs(data_cfg, env: DistEnv, device: torch.device) -> dict:
     return kwargs
 
 
+def stateful_loader(dataset: Dataset, **kwargs) -> StatefulDataLoader:
+    """A torchdata StatefulDataLoader, without the deprecation notice its constructor raises on torch >= 2.14
+    (`torch.set_vital`, harmless) in every run and benchmark."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return StatefulDataLoader(dataset, **kwargs)
+
+
 def build_loader(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device, *,
                  seed: int) -> StatefulDataLoader:
     """The evaluation loader: a StatefulDataLoader over `dataset` in order (each rank its own contiguous shard),
@@ -151,7 +159,7 @@ def build_loader(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device,
     kwargs = checked_loader_kwargs(data_cfg, env, device)
     sampler = build_sampler(dataset, data_cfg, env, train=False, seed=seed)
     generator = torch.Generator().manual_seed(loader_seed(seed, env.rank))
-    return StatefulDataLoader(dataset, sampler=sampler, collate_fn=build_collate(data_cfg, kwargs),
+    return stateful_loader(dataset, sampler=sampler, collate_fn=build_collate(data_cfg, kwargs),
                               drop_last=False, generator=generator, **kwargs)
 
 

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from train.data.loader import build_sampler, checked_loader_kwargs
+from train.data.loader import build_sampler, checked_loader_kwargs, stateful_loader
 from train.data.resumable import EpochSeededDataset
 from train.data.ring import build_collate
 from train.data.workers import loader_seed
@@ -182,7 +182,7 @@ def build_train_stream(dataset: Dataset, data_cfg, env: DistEnv, device: torch.d
     del kwargs["batch_size"]  # the batch sampler batches
     sampler = build_sampler(dataset, data_cfg, env, train=True, seed=seed)
     batches = EpochBatchSampler(sampler, data_cfg.batch_size, data_cfg.drop_last, epochs)
-    loader = StatefulDataLoader(EpochSeededDataset(dataset, seed, with_index=record_indices), batch_sampler=batches,
-                                collate_fn=build_collate(data_cfg, kwargs), generator=torch.Generator().manual_seed(
-                                    loader_seed(seed, env.rank)), **kwargs)
+    loader = stateful_loader(EpochSeededDataset(dataset, seed, with_index=record_indices), batch_sampler=batches,
+                             collate_fn=build_collate(data_cfg, kwargs), generator=torch.Generator().manual_seed(
+                                 loader_seed(seed, env.rank)), **kwargs)
     return TrainStream(loader, batches, open_batches)
