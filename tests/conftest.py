@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -30,6 +32,21 @@ def learn_dataset(tmp_path_factory) -> Path:
     """Larger set for the learning test: 10 classes x 60 train / 20 val at 48 px."""
     return make_synthetic_imagefolder(tmp_path_factory.mktemp("learn"), train_per_class=60, val_per_class=20,
                                       size=48)
+
+
+@pytest.fixture(scope="session")
+def cifar_root(tmp_path_factory) -> Path:
+    """A folder in CIFAR-10's python-batches format (random pixels, 10 labels)."""
+    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in [*[(f"data_batch_{i}", 20) for i in range(1, 6)], ("test_batch", 30)]:
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": list(rng.integers(0, 10, n))}
+        with open(root / name, "wb") as f:
+            pickle.dump(batch, f)
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+    return root
 
 
 def compose_config(overrides: list[str] | None = None):

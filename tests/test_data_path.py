@@ -22,7 +22,7 @@ from tests.conftest import ROOT, compose_config, read_metrics, run_cli
 from train.config import ConfigError, validate
 from train.data import build_data
 from train.data.cache import SharedSampleCache
-from train.data.datasets import ImageFolderDataset, build_datasets
+from train.data.datasets import Cifar10Dataset, ImageFolderDataset, build_datasets
 from train.data.loader import build_sampler
 from train.data.packed import PackedDataset
 from train.data.resumable import EpochSeededDataset, sample_seed, sample_seeds
@@ -231,6 +231,15 @@ def test_pack_round_trip_equals_the_decoded_pixels(tiny_dataset, tmp_path):
     batches = epoch_batches(build_data(cfg, DistEnv(), CPU), 0)
     assert batches[0][0].shape == (16, 3, 32, 32)
 
+
+def test_pack_cifar10_round_trip_keeps_every_pixel_and_label(cifar_root, tmp_path):
+    out = tmp_path / "cifar-packed"
+    subprocess.run([sys.executable, "scripts/pack_dataset.py", str(cifar_root), str(out), "--size", "32"],
+                   cwd=ROOT, check=True, capture_output=True)
+    for split, train in (("train", True), ("val", False)):
+        source, packed = Cifar10Dataset(cifar_root, train), PackedDataset(out / split)
+        assert packed.classes == source.classes and np.array_equal(packed.targets, source.targets)
+        assert np.array_equal(packed.images, source.images)  # 32 px stored at 32 px: no resize, no crop
 
 def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoch_and_index(tiny_dataset, tmp_path):
     """Packed training batches: each sample a 32 px window of its stored 37 px image, flipped or not, drawn from

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
-import pytest
 import torch
 
 from tests.conftest import compose_config, read_metrics, run_cli
@@ -14,21 +11,6 @@ from train.data.datasets import Cifar10Dataset
 from train.dist import DistEnv
 from train.engine import Trainer
 from train.model import build_model
-
-
-@pytest.fixture(scope="module")
-def cifar_root(tmp_path_factory):
-    """A folder in CIFAR-10's python-batches format (random pixels, 10 labels)."""
-    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
-    root.mkdir()
-    rng = np.random.default_rng(0)
-    for name, n in [*[(f"data_batch_{i}", 20) for i in range(1, 6)], ("test_batch", 30)]:
-        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": list(rng.integers(0, 10, n))}
-        with open(root / name, "wb") as f:
-            pickle.dump(batch, f)
-    with open(root / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
-    return root
 
 
 def test_cifar10_reads_python_batches(cifar_root):
