@@ -15,6 +15,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
@@ -392,3 +393,31 @@ def test_device_normalize_matches_worker_normalize(tiny_dataset):
     for a, b in zip(on_device, in_workers, strict=True):
         torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-5)
         assert torch.equal(a[1], b[1])
+
+
+class ThreadsSeen(TorchFunctionMode):
+    """The torch thread counts in force at the normalization's calls (float, sub_, div_) made inside the mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[int] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("float", "sub_", "div_"):
+            self.seen.add(torch.get_num_threads())
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_beside_workers_cpu_batches_convert_on_one_thread_and_the_loop_keeps_its_threads(tiny_dataset, workers):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with build_data(data_cfg(tiny_dataset, f"data.num_workers={workers}"), DistEnv(), CPU) as data:
+            batches = iter(data.on_device(data.val_loader))
+            with ThreadsSeen() as seen:
+                images, *_ = next(batches)
+            assert images.dtype == torch.float32 and torch.get_num_threads() == 2
+        assert seen.seen == ({1} if workers else {2})
+    finally:
+        torch.set_num_threads(threads)

@@ -58,10 +58,11 @@ def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
     data = cfg.data
     train_ds, val_ds, num_classes = build_datasets(data)
     seed = cfg.trainer.seed
+    val_loader = build_loader(val_ds, data, env, device, seed=seed)
     # no reference back to the pipeline: the stream holds this, and a cycle would leave its workers to the collector
     to_device = partial(DevicePrefetcher, device=device, normalize=data.device_transforms,
-                        channels_last=cfg.trainer.channels_last, non_blocking=data.non_blocking)
-    val_loader = build_loader(val_ds, data, env, device, seed=seed)
+                        channels_last=cfg.trainer.channels_last, non_blocking=data.non_blocking,
+                        beside_workers=val_loader.num_workers > 0)  # both loaders have data.num_workers
     train_stream = build_train_stream(train_ds, data, env, device, seed=seed, epochs=cfg.trainer.epochs,
                                       open_batches=to_device, record_indices=cfg.trainer.record_samples)
     return DataPipeline(train_stream, val_loader, num_classes, to_device)

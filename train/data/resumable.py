@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from train.data.workers import one_torch_thread
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK64 = (1 << 64) - 1
 
@@ -50,13 +52,8 @@ def main_process_data_work() -> Iterator[None]:
     (workers get `torch.set_num_threads(1)`), and without touching the main process's RNG. Per-sample decode and
     transforms gain nothing from more threads, while the idle ones spin on every core: with 2 threads on 2 cores,
     224 px samples took the whole machine and came 3-10 % slower than on one (bench/RESULTS.md)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        torch.set_num_threads(threads)
+    with one_torch_thread(), torch.random.fork_rng(devices=[]):
+        yield
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:

@@ -5,11 +5,26 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import default_collate
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run the block on one torch intra-op thread, as a DataLoader worker runs (`torch.set_num_threads(1)`), then
+    give the process its thread count back. For the main process's share of the data work: a parallel region's
+    barrier waits for every thread, and with workers on the cores a thread waits for one (bench/RESULTS.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def mixed_seed(*keys: int) -> int:
