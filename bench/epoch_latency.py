@@ -7,8 +7,8 @@ runs; a stock persistent-workers DataLoader starts epoch 2 by handing out new in
 
 Each trial starts a fresh loader (epoch 1 pays for the workers' start-up, as in a real run); kit and stock trials
 alternate, and the ratio is the median of the trials' ratios. On a 2-core box two busy workers leave the main
-process a share of a core, so one epoch-2 batch can take 2 ms or 15 ms of the main process's own work (the copy
-out of the ring, the CPU normalize): one trial alone is a coin toss, the median is the loader.
+process a share of a core, so the same epoch-2 batch takes 1.5 ms in one trial and 6 ms in the next (the main
+process's own work: the copy out of the ring, the CPU normalize): one trial alone is noise, the median is the loader.
 """
 
 from __future__ import annotations

@@ -242,6 +242,7 @@ def test_pack_cifar10_round_trip_keeps_every_pixel_and_label(cifar_root, tmp_pat
         assert packed.classes == source.classes and np.array_equal(packed.targets, source.targets)
         assert np.array_equal(packed.images, source.images)  # 32 px stored at 32 px: no resize, no crop
 
+
 def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoch_and_index(tiny_dataset, tmp_path):
     """Packed training batches: each sample a 32 px window of its stored 37 px image, flipped or not, drawn from
     (seed, epoch, index) alone, so any batching, order or worker count gives the same pixels."""

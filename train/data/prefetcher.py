@@ -2,10 +2,9 @@
 
 Batches arrive as uint8 (pinned by the loader when data.pin_memory=true), NHWC in memory when the images were
 (decoded JPEGs); the copy is non_blocking on a side stream, then the layout the model wants (trainer.channels_last),
-the float conversion and Normalize run on the device. On CPU the same code runs
-without streams, and beside DataLoader workers on one torch thread: its parallel regions would wait for cores the
-workers hold (0.8 ms a 64-image batch at 64 px on 2 cores, against 3-8 ms on 2 threads). Modelled on timm's
-PrefetchLoader.
+the float conversion and Normalize run on the device. On CPU the same code runs without streams, and beside
+DataLoader workers on one torch thread: its parallel regions would wait for cores the workers hold (0.8 ms a
+64-image batch at 64 px on 2 cores, against 3.5-4.5 ms on 2 threads). Modelled on timm's PrefetchLoader.
 """
 
 from __future__ import annotations
