@@ -29,7 +29,7 @@ from train.data.packed import PackedDataset
 from train.data.resumable import EpochSeededDataset, sample_seed, sample_seeds
 from train.data.stream import EpochBatchSampler, build_train_stream
 from train.data.transforms import MEAN, STD, SeedPipeline, fit_square
-from train.data.workers import loader_seed, seed_worker
+from train.data.workers import init_worker, loader_seed
 from train.dist import DistEnv
 
 CPU = torch.device("cpu")
@@ -65,7 +65,7 @@ class WorkerProbe(Dataset):
 
 
 def worker_draws(seed: int, rank: int) -> dict[int, tuple]:
-    loader = DataLoader(WorkerProbe(), batch_size=1, num_workers=2, worker_init_fn=seed_worker,
+    loader = DataLoader(WorkerProbe(), batch_size=1, num_workers=2, worker_init_fn=init_worker,
                         generator=torch.Generator().manual_seed(loader_seed(seed, rank)))
     draws = {}
     for (row,) in loader:

@@ -1,11 +1,13 @@
 """`python -m train [overrides]`: compose the config with Hydra, validate it, train.
 
 Under torchrun every rank runs this file; ranks > 0 get quiet Hydra overrides and share rank 0's run dir.
+Exit status: 0 done, 2 bad input (one line naming the key), 75 stopped by a signal with a checkpoint to resume.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -16,21 +18,26 @@ from omegaconf import DictConfig, OmegaConf
 from train.config import ConfigError, register, validate
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
+from train.stop import RESUMABLE_EXIT, Stopped, StopSignal
 
 log = logging.getLogger("train")
 register()
 
 
-def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
-    """Build everything from a validated config and train; returns the per-epoch records."""
+def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[dict]:
+    """Build everything from a validated config and train; returns the per-epoch records. Raises `Stopped` when
+    `stop` (installed by the caller) saw a signal: the checkpoint is written and the workers have ended."""
     from train import checkpoint, dist
     from train.data import build_data
+    from train.data.loader import plan_num_workers
     from train.engine import Trainer
     from train.model import build_model
     from train.monitoring import Monitor
 
     env = DistEnv.from_env()
     validate(cfg)
+    cfg.data.num_workers = plan_num_workers(cfg.data.num_workers, env.local_world_size,
+                                            typed="data.num_workers" in command_line_keys())
     device = dist.select_device(cfg.trainer.device, env)
     dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)
     monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken metrics port fails before any worker
@@ -38,7 +45,7 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
         with build_data(cfg, env, device) as data:  # its workers end with the run (a multirun's next job starts)
             dist.init_process_group(env, device)
             model = build_model(cfg.model.name, data.num_classes, device, channels_last=cfg.trainer.channels_last)
-            trainer = Trainer(cfg, env, device, data, model, run_dir, monitor)
+            trainer = Trainer(cfg, env, device, data, model, run_dir, monitor, stop)
             restarted = env.restart_count > 0  # torchrun restarted the group: continue this run dir
             resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir, restarted=restarted)
             if resume_path is not None:
@@ -53,12 +60,32 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        OmegaConf.resolve(cfg)
-        run(cfg, run_dir)
+        with StopSignal() as stop:
+            OmegaConf.resolve(cfg)
+            run(cfg, run_dir, stop)
     except (ConfigError, LoaderError) as err:
         log.error("%s", err)
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except Stopped as stopped:
+        if DistEnv.from_env().is_main:
+            log.warning("%s; continue with: %s", stopped, continue_command(run_dir))
+        sys.exit(RESUMABLE_EXIT)
+
+
+def command_line_keys() -> set[str]:
+    """The config keys this run's command line set (empty outside a Hydra app, e.g. in tests)."""
+    if not HydraConfig.initialized():
+        return set()
+    return {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+
+
+def continue_command(run_dir: Path) -> str:
+    """This run's command line, pointed at its run dir with trainer.resume=auto."""
+    kept = [o for o in HydraConfig.get().overrides.task
+            if not o.startswith(("hydra.run.dir=", "trainer.resume=", "hydra.output_subdir=", "hydra/"))]
+    launcher = "torchrun <same torchrun flags> -m train" if "TORCHELASTIC_RUN_ID" in os.environ else "python -m train"
+    return " ".join([launcher, *kept, f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
 
 
 if __name__ == "__main__":

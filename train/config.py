@@ -41,7 +41,7 @@ class DataConfig:
     prefetch_factor: int | None = None  # batches per worker; None = DataLoader's default
     persistent_workers: bool = False
     drop_last: bool = True
-    timeout: float = 0.0
+    timeout: float | None = None  # seconds a worker may take for one batch; null = 600 with workers, 0 = forever
     multiprocessing_context: str | None = None
     in_order: bool = True
     # Host-to-device path.
@@ -135,7 +135,7 @@ def validate(cfg: Any) -> None:
         if getattr(data, key) < 1:
             _fail(f"data.{key}", getattr(data, key), "use a positive integer")
     for key in ("timeout", "cache_bytes"):
-        if getattr(data, key) < 0:
+        if (getattr(data, key) or 0) < 0:
             _fail(f"data.{key}", getattr(data, key), "use a number >= 0")
     if data.cache_bytes and data.dataset not in ("synthetic", "imagefolder"):
         _fail("data.cache_bytes", data.cache_bytes,
@@ -153,7 +153,7 @@ def validate(cfg: Any) -> None:
         if data.persistent_workers:
             _fail("data.persistent_workers", True,
                   "only valid with data.num_workers > 0: set data.persistent_workers=false or raise data.num_workers")
-        if data.timeout > 0:
+        if data.timeout:
             _fail("data.timeout", data.timeout, "only valid with data.num_workers > 0: set data.timeout=0")
         if data.multiprocessing_context is not None:
             _fail("data.multiprocessing_context", data.multiprocessing_context,

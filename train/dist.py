@@ -79,8 +79,13 @@ def restart_store(env: DistEnv) -> torch_dist.Store | None:
     return torch_dist.PrefixStore(f"loadout/restart_{env.restart_count}", store)
 
 
+_control_group: torch_dist.ProcessGroup | None = None
+
+
 def init_process_group(env: DistEnv, device: torch.device) -> None:
-    """nccl on CUDA, gloo on CPU; a no-op for a single process."""
+    """nccl on CUDA, gloo on CPU; a no-op for a single process. On CUDA a gloo group beside it carries the loop's
+    control flags (`any_rank`), so asking "did any rank get a stop signal?" never waits for the GPU."""
+    global _control_group
     if env.distributed and not torch_dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
@@ -88,11 +93,23 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
         if store is not None:
             kwargs["store"] = store
         torch_dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, **kwargs)
+        _control_group = torch_dist.new_group(backend="gloo") if backend != "gloo" else None
 
 
 def destroy_process_group() -> None:
+    global _control_group
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+    _control_group = None
+
+
+def any_rank(flag: int) -> int:
+    """The largest `flag` over all ranks (`flag` itself for one process): a small all-reduce on the CPU."""
+    if not torch_dist.is_initialized():
+        return flag
+    tensor = torch.tensor([flag], dtype=torch.int64)
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX, group=_control_group)
+    return int(tensor.item())
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

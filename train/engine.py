@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,11 +12,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from train import checkpoint
+from train.config import ConfigError
 from train.data import DataPipeline
 from train.data.loader import explain_loader_error
 from train.dist import DistEnv, all_reduce_max, all_reduce_sum, barrier
 from train.meters import EpochMeter, append_jsonl
 from train.monitoring import Monitor
+from train.stop import Stopped, StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +32,12 @@ class Progress:
     batch_in_epoch: int = 0  # batches of `epoch` already trained
 
 
-def test_kill_step(env: DistEnv) -> int | None:
-    """Test hook: LOADOUT_TEST_KILL_AT_STEP=N [LOADOUT_TEST_KILL_RANK=R, default 0] makes rank R SIGKILL
-    itself right after step N (and its checkpoint), on torchrun's first attempt only."""
-    step = os.environ.get("LOADOUT_TEST_KILL_AT_STEP")
-    if step is None or env.restart_count > 0 or env.rank != int(os.environ.get("LOADOUT_TEST_KILL_RANK", 0)):
-        return None
-    return int(step)
-
-
 class Trainer:
     def __init__(self, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
-                 run_dir: Path, monitor: Monitor | None = None):
+                 run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None):
         self.cfg, self.env, self.device, self.data, self.run_dir = cfg, env, device, data, run_dir
         self.monitor = monitor or Monitor()  # TensorBoard / Prometheus; closed by whoever built it
+        self.stop = stop or StopSignal()  # installed by whoever built it (python -m train); asked after each step
         tc = cfg.trainer
         self.model = model
         self.ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
@@ -57,8 +49,7 @@ class Trainer:
         # The schedule spans the configured epochs; trainer.max_steps only cuts a run short (smoke runs), so a
         # run stopped by it and resumed later follows the same schedule.
         self.total_steps = tc.epochs * self.steps_per_epoch
-        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            self.optimizer, max_lr=tc.lr, total_steps=max(self.total_steps, 1), pct_start=0.15)
+        self.scheduler = self.plan_schedule()
         self.use_scaler = tc.amp and device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_scaler)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=tc.label_smoothing)
@@ -66,9 +57,14 @@ class Trainer:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.checkpoint_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST
         self.samples = checkpoint.SampleLog(run_dir, env.rank) if tc.record_samples else None
-        self.kill_at_step = test_kill_step(env)
         # Batches on the device; its state_dict() is the loader's position as of the last batch trained.
         self.train_stream = data.on_device(data.train_loader)
+
+    def plan_schedule(self, step: int = 0) -> torch.optim.lr_scheduler.LRScheduler:
+        """OneCycle over `total_steps`, positioned at `step` (0: a new run; else the optimizer was restored)."""
+        return torch.optim.lr_scheduler.OneCycleLR(
+            self.optimizer, max_lr=self.cfg.trainer.lr, total_steps=max(self.total_steps, 1), pct_start=0.15,
+            last_epoch=step - 1)
 
     # -- precision -------------------------------------------------------------------------------------------
     def autocast(self):
@@ -87,6 +83,8 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "progress": vars(self.progress).copy(),
+            "plan": {"epochs": self.cfg.trainer.epochs, "steps_per_epoch": self.steps_per_epoch,
+                     "world_size": self.env.world_size},
             "loader": loader_state,
         }
 
@@ -109,20 +107,46 @@ class Trainer:
         barrier()
 
     def resume(self, path: Path) -> None:
+        """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
         state = checkpoint.load(path, self.device)
-        self.model.load_state_dict(state["model"])
+        tc = self.cfg.trainer
+        progress = Progress(**state["progress"])
+        plan = state.get("plan", {})
+        reached = progress.epoch + (progress.batch_in_epoch > 0)  # epochs begun
+        if reached > tc.epochs:
+            raise ConfigError(f"trainer.epochs={tc.epochs}: {path} has begun epoch {reached} already; use "
+                              f"trainer.epochs >= {reached} to continue it, or trainer.resume=null to start over")
+        saved_steps = plan.get("steps_per_epoch", self.steps_per_epoch)
+        if progress.batch_in_epoch and saved_steps != self.steps_per_epoch:
+            raise ConfigError(f"trainer.resume: {path} stopped mid-epoch with {saved_steps} steps an epoch, this run "
+                              f"has {self.steps_per_epoch}: resume with its data.batch_size, trainer.grad_accum_steps "
+                              "and process count")
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as err:
+            raise ConfigError(f"trainer.resume: {path} holds another model than model.name={self.cfg.model.name} "
+                              f"({str(err).splitlines()[0]})") from err
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        if state["scheduler"].get("total_steps") == max(self.total_steps, 1):
+            self.scheduler.load_state_dict(state["scheduler"])
+        else:  # trainer.epochs changed: the same schedule planned over the new length, continuing at this step
+            self.scheduler = self.plan_schedule(progress.step)
+            log.info("trainer.epochs=%d: the LR schedule is re-planned over %d steps (was %d), continuing at step %d "
+                     "with lr %.4g", tc.epochs, self.total_steps, state["scheduler"].get("total_steps", 0),
+                     progress.step, self.scheduler.get_last_lr()[0])
         self.scaler.load_state_dict(state["scaler"])
-        self.progress = Progress(**state["progress"])
-        if state.get("loader") is not None and self.progress.batch_in_epoch < len(self.data.train_loader):
-            ranks = state["loader"].get("ranks", [state["loader"]])  # older checkpoints: one {"epoch", "batch"}
+        self.progress = progress
+        if state.get("loader") is not None and progress.batch_in_epoch < len(self.data.train_loader):
+            ranks = state["loader"]["ranks"]
             mine = ranks[self.env.rank] if len(ranks) == self.env.world_size else {
                 "epoch": ranks[0]["epoch"], "batch": ranks[0]["batch"]}  # another world size: the position only
-            self.data.set_epoch(self.progress.epoch)
+            self.data.set_epoch(progress.epoch)
             self.data.train_loader.load_state_dict(mine)
-        log.info("resumed from %s at epoch %d, batch %d, step %d", path, self.progress.epoch + 1,
-                 self.progress.batch_in_epoch, self.progress.step)
+        log.info("resumed from %s at epoch %d, batch %d, step %d", path, progress.epoch + 1,
+                 progress.batch_in_epoch, progress.step)
+        if progress.epoch >= tc.epochs:
+            log.info("the run in %s is complete (trainer.epochs=%d): raise trainer.epochs to train it further",
+                     path, tc.epochs)
 
     # -- loop ------------------------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -152,7 +176,18 @@ class Trainer:
                          100 * record["data_wait_frac"], record["first_batch_s"], record["epoch_s"],
                          record["peak_rss_mb"], f"  bad_samples {record['bad_samples']}"
                          if record["bad_samples"] else "")
+            if self.progress.epoch < tc.epochs and not self.done():
+                self.stop_if_asked()  # a signal during validation: stop before the next epoch starts
         return records
+
+    def stop_if_asked(self) -> None:
+        """After an optimizer step or an epoch's checkpoint: if any rank got a stop signal, save and stop."""
+        signum = self.stop.agreed()
+        if not signum:
+            return
+        if self.progress.batch_in_epoch:  # mid-epoch: the loader's position goes with the checkpoint
+            self.save(loader_state=self.train_stream.state_dict())
+        raise Stopped(signum, self.progress.epoch, self.progress.batch_in_epoch)
 
     def _batches(self, batches, meter: EpochMeter, desc: str, total: int):
         """Batches on the device; a dead worker or a timeout becomes an error naming its cause."""
@@ -166,7 +201,7 @@ class Trainer:
                 except StopIteration:
                     return
                 except RuntimeError as err:
-                    explained = explain_loader_error(err, self.cfg.data)
+                    explained = explain_loader_error(err, self.cfg.data, self.data.stuck_read())
                     if explained is None:
                         raise
                     raise explained from err
@@ -198,13 +233,13 @@ class Trainer:
                 meter.stepped(0, 0.0, bad)
                 continue
             micro += 1
-            sync = micro % accum == 0
-            ctx = self.ddp.no_sync() if (self.env.distributed and not sync) else contextlib.nullcontext()
-            with ctx, self.autocast():
+            update = micro % accum == 0
+            if self.env.distributed:  # all-reduce gradients only in the backward of the micro-batch that updates
+                self.ddp.require_backward_grad_sync = update
+            with self.autocast():
                 loss = self.criterion(self.forward(images), targets)
-            with ctx:
-                self.scaler.scale(loss / accum).backward()
-            if sync:
+            self.scaler.scale(loss / accum).backward()
+            if update:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -212,11 +247,12 @@ class Trainer:
                 self.progress.step += 1
             meter.stepped(images.shape[0], loss, bad)  # no .item(): the GPU is not synced every step
             self.monitor.on_step(self.progress.step, meter)
+            if not update:
+                continue
+            self.stop_if_asked()
             every = tc.checkpoint_every_steps
-            if sync and every and self.progress.step % every == 0:
+            if every and self.progress.step % every == 0:
                 self.save(loader_state=self.train_stream.state_dict())
-            if self.progress.step == self.kill_at_step:
-                os.kill(os.getpid(), signal.SIGKILL)
             if self.done():
                 break
         if micro % accum:  # micro-batches short of a whole accumulation at the epoch's end: dropped, as drop_last

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from train.config import ConfigError, _fail, register, validate
 from train.data.loader import usable_cores
 
-WORKER_ONLY_KNOBS = {"prefetch_factor": None, "persistent_workers": False, "timeout": 0.0,
+WORKER_ONLY_KNOBS = {"prefetch_factor": None, "persistent_workers": False, "timeout": None,
                      "multiprocessing_context": None}
 
 

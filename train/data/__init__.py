@@ -14,8 +14,9 @@ from functools import partial
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from train.data.activity import ActivityBoard, Watched, sample_name
 from train.data.datasets import build_datasets
-from train.data.loader import build_loader, shutdown_workers
+from train.data.loader import build_loader, resolve_num_workers, shutdown_workers
 from train.data.prefetcher import DevicePrefetcher
 from train.data.stream import TrainStream, build_train_stream
 from train.dist import DistEnv
@@ -29,6 +30,8 @@ class DataPipeline:
     val_loader: StatefulDataLoader
     num_classes: int
     to_device: Callable[[Iterable], DevicePrefetcher]  # a loader's batches on the device, as the model wants them
+    activity: Watched | None = None  # what the training workers read (slots 0..n-1), then the validation ones
+    val_activity: Watched | None = None
 
     def on_device(self, loader) -> Iterable:
         """Iterate `loader` with batches on the device, normalized and in the model's memory format."""
@@ -39,6 +42,19 @@ class DataPipeline:
     def set_epoch(self, epoch: int) -> None:
         """Position the training stream at `epoch` (the sampler's own set_epoch runs as its indices are drawn)."""
         self.train_loader.set_epoch(epoch)
+
+    def stuck_read(self) -> str | None:
+        """The worker that has been reading one sample longest and that sample, for a timed-out loader's error."""
+        if self.activity is None:
+            return None
+        found = self.activity.board.longest_read()
+        if found is None:
+            return None
+        slot, pid, index, seconds = found
+        which = self.activity if slot < self.val_activity.first_slot else self.val_activity
+        role = "training" if which is self.activity else "validation"
+        return (f"{role} worker {slot - which.first_slot} (pid {pid}) has been reading "
+                f"{sample_name(which.dataset, index)} for {seconds:.0f} s")
 
     def close(self) -> None:
         """End both loaders' worker processes now."""
@@ -57,6 +73,10 @@ def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
     """Datasets and loaders from cfg.data; every check that can fail runs here, before any worker starts."""
     data = cfg.data
     train_ds, val_ds, num_classes = build_datasets(data)
+    workers = resolve_num_workers(data.num_workers, env.local_world_size)
+    board = ActivityBoard(2 * workers) if workers else None
+    if board is not None:  # each worker notes the sample it reads: a stuck one is named when data.timeout fires
+        train_ds, val_ds = Watched(train_ds, board), Watched(val_ds, board, first_slot=workers)
     seed = cfg.trainer.seed
     val_loader = build_loader(val_ds, data, env, device, seed=seed)
     # no reference back to the pipeline: the stream holds this, and a cycle would leave its workers to the collector
@@ -65,4 +85,4 @@ def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
                         beside_workers=val_loader.num_workers > 0)  # both loaders have data.num_workers
     train_stream = build_train_stream(train_ds, data, env, device, seed=seed, epochs=cfg.trainer.epochs,
                                       open_batches=to_device, record_indices=cfg.trainer.record_samples)
-    return DataPipeline(train_stream, val_loader, num_classes, to_device)
+    return DataPipeline(train_stream, val_loader, num_classes, to_device, *((train_ds, val_ds) if board else ()))

@@ -21,10 +21,13 @@ from torch.utils.data import (
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from train.data.ring import build_collate
-from train.data.workers import loader_seed, mixed_seed, seed_worker
+from train.data.workers import init_worker, loader_seed, mixed_seed
 from train.dist import DistEnv
 
 log = logging.getLogger(__name__)
+
+
+STUCK_WORKER_TIMEOUT_S = 600.0  # data.timeout=null: a batch that takes longer than this is a stuck worker
 
 
 class LoaderError(RuntimeError):
@@ -39,12 +42,36 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_num_workers(value: int | str, local_world_size: int = 1, cores: int | None = None) -> int:
-    """`auto` = floor(0.75 x usable cores / processes on this node), so workers x ranks never oversubscribe."""
-    if value != "auto":
-        return int(value)
+def worker_share(local_world_size: int = 1, cores: int | None = None) -> int:
+    """floor(0.75 x usable cores / processes on this node): the workers one process may start without the node's
+    processes oversubscribing its cores (the rest for the main processes and the OS)."""
     cores = usable_cores() if cores is None else cores
     return max(0, math.floor(0.75 * cores / max(local_world_size, 1)))
+
+
+def resolve_num_workers(value: int | str, local_world_size: int = 1, cores: int | None = None) -> int:
+    """`auto` = `worker_share`; an integer is taken as it is."""
+    return worker_share(local_world_size, cores) if value == "auto" else int(value)
+
+
+def plan_num_workers(value: int | str, local_world_size: int, typed: bool, cores: int | None = None) -> int | str:
+    """data.num_workers for this process (`auto` stays `auto`). Under torchrun a profile's fixed count (a100: 12
+    per GPU) is capped to the `worker_share` (at least 1), so 8 processes on a 64-core node start 6 each, not 96 in
+    all; a count typed on the command line (`typed`) is honoured, with a warning when it oversubscribes."""
+    if value == "auto" or local_world_size <= 1:
+        return value
+    workers = int(value)
+    share = max(1, worker_share(local_world_size, cores)) if workers > 0 else 0
+    if workers <= share:
+        return workers
+    cores = usable_cores() if cores is None else cores
+    total = f"{workers} x {local_world_size} processes = {workers * local_world_size} workers on {cores} cores"
+    if typed:
+        log.warning("data.num_workers=%d: %s oversubscribes this node (%d each would fit)", workers, total, share)
+        return workers
+    log.info("data.num_workers: the profile's %d capped to %d per process (%s would oversubscribe this node; "
+             "set data.num_workers on the command line to override)", workers, share, total)
+    return share
 
 
 class ShardSampler(Sampler[int]):
@@ -114,8 +141,9 @@ def loader_kwargs(data_cfg, num_workers: int, pin_memory: bool) -> dict:
                   in_order=data_cfg.in_order)
     if num_workers > 0:
         kwargs.update(prefetch_factor=data_cfg.prefetch_factor, persistent_workers=data_cfg.persistent_workers,
-                      timeout=data_cfg.timeout, multiprocessing_context=data_cfg.multiprocessing_context,
-                      worker_init_fn=seed_worker)
+                      timeout=STUCK_WORKER_TIMEOUT_S if data_cfg.timeout is None else data_cfg.timeout,
+                      multiprocessing_context=data_cfg.multiprocessing_context,
+                      worker_init_fn=init_worker)
     return kwargs
 
 
@@ -171,15 +199,21 @@ def shutdown_workers(loader: StatefulDataLoader) -> None:
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
+        for worker in getattr(iterator, "_workers", ()):  # stuck in a read, and deaf to SIGTERM (init_worker)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
     loader._iterator = None
 
 
-def explain_loader_error(err: BaseException, data_cfg) -> LoaderError | None:
-    """Turn a dead worker or a timeout into an error naming the likely cause; None for other errors."""
+def explain_loader_error(err: BaseException, data_cfg, stuck_read: str | None = None) -> LoaderError | None:
+    """Turn a dead worker or a timeout into an error naming the likely cause (for a timeout, `stuck_read`: the
+    worker and the sample it is still reading); None for other errors."""
     text = str(err)
     if "timed out" in text and "DataLoader" in text:
-        return LoaderError(f"{text}. A worker took longer than data.timeout={data_cfg.timeout}s for one batch: raise "
-                           "data.timeout (0 = wait forever), or look for a slow or hung dataset read")
+        where = f": {stuck_read}" if stuck_read else ""
+        return LoaderError(f"{text}{where}. A worker took longer than data.timeout for one batch: look for a hung read "
+                           "(a dead network mount, a file that never ends), or raise data.timeout (0 = wait forever)")
     if "DataLoader worker" in text and ("killed" in text or "exited unexpectedly" in text):
         cause = "Bus error: /dev/shm is too small for the workers' batches" if "Bus error" in text else (
             "a killed worker: usually the out-of-memory killer or /dev/shm too small")

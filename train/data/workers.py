@@ -4,7 +4,10 @@ stacking of images into a batch in their own memory layout."""
 from __future__ import annotations
 
 import math
+import os
 import random
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -37,16 +40,33 @@ def loader_seed(base_seed: int, rank: int) -> int:
     return mixed_seed(base_seed, rank)
 
 
-def seed_worker(worker_id: int) -> None:
-    """worker_init_fn: give numpy and random the worker's own seed (torch seeds only itself per worker).
+def init_worker(worker_id: int) -> None:
+    """worker_init_fn: the worker's own seeds, and deaf to the stop signals.
 
     The DataLoader sets each worker's torch seed to base_seed + worker_id, with base_seed drawn from the loader's
-    generator (seeded per rank by `loader_seed`), so every (seed, rank, worker) gets its own augmentation stream.
+    generator (seeded per rank by `loader_seed`), so every (seed, rank, worker) gets its own augmentation stream;
+    numpy and random get it here. Slurm signals every process of a job step and Ctrl-C the whole process group,
+    workers included; a worker that died of it would be reported as failed while the main process stops cleanly
+    and saves its checkpoint (train/stop.py). So workers ignore SIGINT and SIGUSR1, and take SIGTERM only from
+    their parent, which is how DataLoader ends a worker that does not exit when asked.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit the mask
+    threading.Thread(target=_die_on_sigterm_from, args=(os.getppid(),), daemon=True, name="sigterm").start()
     info = get_worker_info()
     seed = info.seed if info is not None else torch.initial_seed()
     np.random.seed(seed % 2**32)
     random.seed(seed)
+
+
+def _die_on_sigterm_from(parent: int) -> None:
+    """Wait for SIGTERMs; die of the first one `parent` sends, as if SIGTERM had never been blocked."""
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != parent:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def channels_innermost(image) -> bool:

@@ -1,0 +1,67 @@
+"""Which sample each DataLoader worker is reading, so that a stuck worker is named, not waited on forever.
+
+A read that never returns (a dead network mount, a FIFO) blocks its worker, and DataLoader only knows that no
+batch came within data.timeout. Each worker writes (pid, index, start time) into its row of a small shared tensor
+before each sample and clears it after; when the timeout fires, the main process reads the rows and names the
+worker and the sample that has been loading longest.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+PID, INDEX, SINCE = range(3)
+
+
+class ActivityBoard:
+    """One row per worker slot: [pid, sample index, time.time() the read began]; index -1 when idle."""
+
+    def __init__(self, slots: int):
+        self.rows = torch.full((max(slots, 1), 3), -1.0, dtype=torch.float64).share_memory_()
+
+    def longest_read(self) -> tuple[int, int, int, float] | None:
+        """(slot, pid, sample index, seconds) of the read in progress that began first, or None."""
+        busy = [(row, slot) for slot, row in enumerate(self.rows.tolist()) if row[INDEX] >= 0]
+        if not busy:
+            return None
+        row, slot = min(busy, key=lambda item: item[0][SINCE])
+        return slot, int(row[PID]), int(row[INDEX]), time.time() - row[SINCE]
+
+
+class Watched(Dataset):
+    """`dataset` whose workers record each sample they read on `board`, in rows `first_slot` + worker id."""
+
+    def __init__(self, dataset: Dataset, board: ActivityBoard, first_slot: int = 0):
+        self.dataset, self.board, self.first_slot = dataset, board, first_slot
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str):  # classes, targets, seeded_items, ... of the wrapped dataset
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, index: int):
+        info = get_worker_info()
+        if info is None:
+            return self.dataset[index]
+        row = self.board.rows[self.first_slot + info.id]
+        row.copy_(torch.tensor([os.getpid(), index, time.time()], dtype=torch.float64))
+        try:
+            return self.dataset[index]
+        finally:
+            row[INDEX] = -1
+
+
+def sample_name(dataset: Dataset, index: int) -> str:
+    """A sample as a user finds it: its file where the dataset keeps paths, else its index."""
+    paths = getattr(dataset, "paths", None)
+    if paths is not None:
+        path = paths[index]
+        return f"{path.decode() if isinstance(path, bytes) else path} (sample {index})"
+    return f"sample {index}"
