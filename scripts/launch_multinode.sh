@@ -16,6 +16,9 @@
 #                         trainer.resume=auto continues where it stopped
 #   MAX_RESTARTS [3]      times torchrun restarts the whole group after a process dies
 #   TORCHRUN [torchrun]   the torchrun command (e.g. ".venv/bin/torchrun")
+#
+# torchrun's agent passes SIGTERM, SIGINT and (added here) SIGUSR1 on to the training processes, which stop at their
+# next optimizer step with a checkpoint to resume from (docs/distributed.md, "Preemption").
 set -euo pipefail
 
 if [[ -z "${NPROC_PER_NODE:-}" ]]; then
@@ -46,6 +49,7 @@ args=(
   --rdzv-endpoint="${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}"
   --rdzv-id="$RDZV_ID"
   --max-restarts="${MAX_RESTARTS:-3}"
+  --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
 )
 if [[ -n "${NODE_RANK:-}" ]]; then
   args+=(--node-rank="$NODE_RANK")

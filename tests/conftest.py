@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +75,33 @@ def small_run_args(tiny_dataset, tmp_path) -> list[str]:
     """Overrides for a quick CPU run on the tiny dataset, writing into tmp_path."""
     return ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
             "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+    """Poll `condition()` until it returns something truthy (returned) or `timeout` s pass (a test failure)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def epoch_samples(run_dir: Path, epoch: int, rank: int) -> list[list[int]]:
+    """The batches of sample indices `rank` trained in `epoch` (0-based), from trainer.record_samples' log."""
+    return json.loads((run_dir / "samples" / f"epoch{epoch:03d}_rank{rank}.json").read_text())["batches"]
+
+
+def assert_each_sample_once(run_dir: Path, epochs: int, ranks: int, dataset_size: int, per_rank: int) -> None:
+    """Every epoch trained each sample exactly once across the ranks (DistributedSampler shards, no padding)."""
+    for epoch in range(epochs):
+        trained = [i for rank in range(ranks) for batch in epoch_samples(run_dir, epoch, rank) for i in batch]
+        assert len(trained) == ranks * per_rank, (epoch, len(trained))
+        assert sorted(trained) == list(range(dataset_size)), f"epoch {epoch + 1} repeated or skipped samples"

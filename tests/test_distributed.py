@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import socket
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, compose_config, read_metrics
+from tests.conftest import ROOT, compose_config, free_port, read_metrics, wait_for
 from train import checkpoint
 from train.data import build_data
 from train.data.datasets import build_datasets
@@ -27,7 +28,6 @@ from train.dist import DistEnv
 
 TRAIN, VAL = 240, 79  # per rank 120 = 6 batches of 20; 79 val images split 40/39, no padding
 EPOCHS, STEPS_PER_EPOCH = 2, 6
-KILL_AT_STEP = 9  # mid-epoch 2; the last checkpoint before it is step 8 (checkpoint_every_steps=2)
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +44,18 @@ def dist_args(root: Path) -> list[str]:
             "model.name=resnet18"]
 
 
-def torchrun(args: list[str], cwd: Path, *, max_restarts: int = 0, env: dict | None = None,
-             nproc: int = 2) -> subprocess.CompletedProcess:
+def torchrun_command(args: list[str], *, max_restarts: int = 0, nproc: int = 2,
+                     entry: tuple[str, ...] = ("-m", "train")) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.5", *entry, *args]
+
+
+def torchrun(args: list[str], cwd: Path, *, max_restarts: int = 0, env: dict | None = None, nproc: int = 2,
+             entry: tuple[str, ...] = ("-m", "train")) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node=2 -m train ARGS`, for real."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "train", *args]
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=400)
+    return subprocess.run(torchrun_command(args, max_restarts=max_restarts, nproc=nproc, entry=entry), cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=400)
 
 
 def only_run_dir(cwd: Path) -> Path:
@@ -123,31 +128,44 @@ def test_two_ranks_shard_each_epoch_and_share_one_run_dir(reference_run):
 
 
 @pytest.mark.slow
-def test_rank_killed_mid_epoch_restarts_and_matches_uninterrupted_run(dist_dataset, reference_run, tmp_path):
-    kill = {"LOADOUT_TEST_KILL_AT_STEP": str(KILL_AT_STEP), "LOADOUT_TEST_KILL_RANK": "1"}
-    proc = torchrun(dist_args(dist_dataset), tmp_path, max_restarts=1, env=kill)
-    ok(proc)
-    run_dir = only_run_dir(tmp_path)  # the restarted group landed in the same run dir
-    log = next(run_dir.glob("*.log")).read_text()
-    assert "resumed from" in log and "batch 2, step 8" in log, log
+def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resume_auto_matches(dist_dataset, reference_run,
+                                                                                   tmp_path):
+    """What Kubernetes and Slurm do: SIGTERM to the torchrun agent, which passes it on to both ranks. They agree on
+    one step, rank 0 saves every rank's loader position, and trainer.resume=auto trains exactly the rest."""
+    run_dir = tmp_path / "run"
+    args = [*dist_args(dist_dataset), f"hydra.run.dir={run_dir}"]
+    agent = subprocess.Popen(torchrun_command(args), cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 300, "epoch 1 to end")
+    agent.send_signal(signal.SIGTERM)
+    out = agent.communicate(timeout=120)[0]
+    assert agent.returncode != 0, "torchrun reports the signal it got"
+    stopped = re.findall(r"stopped by SIGTERM at epoch 2, batch (\d+); continue with", out)
+    assert len(stopped) == 1, out[-4000:]  # rank 0 says it once
+    assert len(read_metrics(run_dir)) == 1
+    batch = int(stopped[0])
+    saved = final_checkpoint(run_dir)["loader"]["ranks"]  # each rank's StatefulDataLoader state at the stop
+    assert [(r["epoch"], r["batch"], r["num_workers"]) for r in saved] == [(1, batch, 1)] * 2
+    for rank in saved:
+        assert rank["loader"]["_snapshot"]["_main_snapshot"]["_index_sampler_state"] == {"epoch": 1, "batch": batch}
+    assert saved[0]["loader"] != saved[1]["loader"], "each rank's loader (its seeds) is saved, not rank 0's twice"
+    ok(torchrun([*args, "trainer.resume=auto"], tmp_path))
     assert_same_training(run_dir, reference_run)
 
 
 @pytest.mark.slow
-def test_stopped_run_started_again_with_resume_auto_matches(dist_dataset, reference_run, tmp_path):
-    run_dir = tmp_path / "run"
-    args = [*dist_args(dist_dataset), f"hydra.run.dir={run_dir}"]
-    kill = {"LOADOUT_TEST_KILL_AT_STEP": str(KILL_AT_STEP), "LOADOUT_TEST_KILL_RANK": "0"}
-    stopped = torchrun(args, tmp_path, env=kill)
-    assert stopped.returncode != 0, "the first run was meant to die at step 9"
-    assert len(read_metrics(run_dir)) == 1
-    saved = final_checkpoint(run_dir)["loader"]["ranks"]  # step 8: each rank's StatefulDataLoader state
-    assert [(r["epoch"], r["batch"], r["num_workers"]) for r in saved] == [(1, 2, 1)] * 2
-    for rank in saved:
-        assert rank["loader"]["_snapshot"]["_main_snapshot"]["_index_sampler_state"] == {"epoch": 1, "batch": 2}
-    assert saved[0]["loader"] != saved[1]["loader"], "each rank's loader (its seeds) is saved, not rank 0's twice"
-    ok(torchrun([*args, "trainer.resume=auto"], tmp_path))
-    assert_same_training(run_dir, reference_run)
+def test_gradient_accumulation_all_reduces_only_on_the_updating_micro_batch(dist_dataset, tmp_path):
+    """Two real ranks, two micro-batches per step: one all-reduce pass per optimizer step, in the second backward,
+    and identical weights on both ranks after every step (hooks installed from outside by tests/ddp_probe.py)."""
+    args = [*dist_args(dist_dataset), "trainer.grad_accum_steps=2", "trainer.epochs=1", f"hydra.run.dir={tmp_path}/run"]
+    ok(torchrun(args, tmp_path, env={"PROBE_DIR": str(tmp_path)}, entry=(str(ROOT / "tests" / "ddp_probe.py"),)))
+    for rank in (0, 1):
+        events = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        steps = " ".join(events).split(" step: ")  # each optimizer step closes one group of events
+        assert len(steps) == 1 + STEPS_PER_EPOCH // 2, events
+        assert all(part.startswith("identical") for part in steps[1:]), events
+        for step in (part.removeprefix("identical").split() for part in steps[:-1]):
+            assert step[:2] == ["forward", "forward"] and step[2:] and set(step[2:]) == {"allreduce"}, step
 
 
 def test_ranks_above_zero_write_nothing(tiny_dataset, tmp_path):
@@ -231,9 +249,7 @@ def test_launcher_script_is_valid_bash():
 @pytest.mark.slow
 def test_launcher_runs_torchrun_with_c10d_rendezvous(tiny_dataset, tmp_path):
     """The multi-node wrapper on one node: torchrun's c10d rendezvous, run dir named by RDZV_ID."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NNODES": "1", "NPROC_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "RDZV_ID": "job42", "MAX_RESTARTS": "0",
            "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}

@@ -46,7 +46,9 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
             dist.init_process_group(env, device)
             model = build_model(cfg.model.name, data.num_classes, device, channels_last=cfg.trainer.channels_last)
             trainer = Trainer(cfg, env, device, data, model, run_dir, monitor, stop)
-            restarted = env.restart_count > 0  # torchrun restarted the group: continue this run dir
+            # torchrun restarted the group: continue this run dir. Any rank's count: across nodes only the agent
+            # whose process died counts a restart; the others restart theirs for the new rendezvous round.
+            restarted = dist.any_rank(env.restart_count) > 0
             resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir, restarted=restarted)
             if resume_path is not None:
                 trainer.resume(resume_path)
