@@ -9,7 +9,7 @@ ARGS ?=
 NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup dataset train test test-fast lint test-container torchrun bench tune tensorboard clean
+.PHONY: help setup dataset train test test-fast lint test-container torchrun slurm bench tune tensorboard clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ test-fast: setup ## Run the tests not marked slow
 
 lint: setup ## ruff on the Python sources
 	$(PY) -m ruff check train scripts tests bench
+
+slurm: ## Start a one-node Slurm here (root; installs slurm-wlm + munge) to try scripts/slurm/train.sbatch
+	bash scripts/slurm/local_cluster.sh start
 
 test-container: setup dataset ## Build the image (stand-in base when the real one can't be pulled) and run compose for real
 	bash scripts/test_container.sh

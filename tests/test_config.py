@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_cli
 from train.config import ConfigError, validate
-from train.data.loader import resolve_num_workers
+from train.data.loader import plan_num_workers, resolve_num_workers
 
 PROFILES = {
     "rtx3060": dict(batch_size=32, num_workers=3, pin_memory=True, prefetch_factor=2, persistent_workers=False),
@@ -98,3 +100,26 @@ def test_bad_combinations_name_the_key_and_the_fix(overrides, key, fix):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert key in str(err.value) and fix in str(err.value)
+
+
+def test_a_profiles_fixed_workers_are_capped_under_torchrun_and_typed_ones_warn(caplog):
+    caplog.set_level(logging.INFO)
+    assert plan_num_workers(12, local_world_size=8, typed=False, cores=64) == 6  # a100 on 8 GPUs, 64 cores
+    assert "capped to 6 per process" in caplog.text
+    assert plan_num_workers(12, local_world_size=8, typed=True, cores=64) == 12
+    assert "oversubscribes" in caplog.records[-1].getMessage() and caplog.records[-1].levelno == logging.WARNING
+    assert plan_num_workers(3, local_world_size=4, typed=False, cores=2) == 1  # at least one when workers were asked
+    assert plan_num_workers(0, local_world_size=4, typed=False, cores=2) == 0
+    assert plan_num_workers(12, local_world_size=1, typed=False, cores=4) == 12  # one process: the profile as is
+    assert plan_num_workers("auto", local_world_size=8, typed=False, cores=64) == "auto"
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_profile_worker_count_is_capped_in_one_line(small_run_args):
+    """A rank as torchrun starts it, 4 processes on this node: rtx3060's 3 workers become max(1, 0.75 x cores / 4)."""
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "4"}
+    result = run_cli([*small_run_args, "hardware=rtx3060", "data.pin_memory=false", "trainer.amp=false",
+                      "data.image_size=32", "trainer.epochs=1", "trainer.max_steps=1"], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert out.count("data.num_workers: the profile's 3 capped to") == 1, out[-3000:]

@@ -1,18 +1,22 @@
-"""A dead worker or a timeout is an error naming the likely cause, never a hang (real DataLoader workers)."""
+"""A dead, stalled or stuck worker is an error naming the likely cause, never a hang (real DataLoader workers)."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import time
 
+import psutil
 import pytest
 import torch
 from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from train.data.loader import LoaderError, explain_loader_error
+from tests.conftest import run_cli
+from train.data.loader import STUCK_WORKER_TIMEOUT_S, LoaderError, explain_loader_error, loader_kwargs
 
 DATA_CFG = OmegaConf.create({"timeout": 1.0})
 
@@ -65,3 +69,33 @@ def test_stalled_worker_times_out_with_the_key_to_raise():
 
 def test_other_errors_pass_through():
     assert explain_loader_error(RuntimeError("CUDA out of memory"), DATA_CFG) is None
+
+
+def test_default_timeout_bounds_a_stuck_worker():
+    """data.timeout=null (the default): workers get a bounded wait, never DataLoader's wait-forever 0."""
+    cfg = OmegaConf.create({"batch_size": 2, "in_order": True, "prefetch_factor": None, "persistent_workers": False,
+                            "timeout": None, "multiprocessing_context": None})
+    assert loader_kwargs(cfg, num_workers=2, pin_memory=False)["timeout"] == STUCK_WORKER_TIMEOUT_S <= 600
+
+
+@pytest.mark.slow
+def test_worker_stuck_in_a_read_ends_the_run_naming_the_worker_and_the_file(small_run_args, tiny_dataset, tmp_path):
+    """A file whose read never returns (a FIFO nobody writes, as a dead network mount behaves): the run ends with
+    one line naming the worker and the file, and leaves no process behind."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_dataset, data)
+    stuck = data / "train" / "circle" / "stuck.jpg"
+    os.mkfifo(stuck)
+    args = [a for a in small_run_args if not a.startswith("data.root=")]
+    started = time.monotonic()
+    result = run_cli([*args, f"data.root={data}", "data.num_workers=1", "data.timeout=3", "data.shuffle=false"],
+                     timeout=120)
+    assert time.monotonic() - started < 90
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    named = rf"training worker 0 \(pid \d+\) has been reading {re.escape(str(stuck))} \(sample \d+\) for \d+ s"
+    assert re.search(named, errors[0]), errors[0]
+    assert "data.timeout" in errors[0]
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(data) in " ".join(p.info["cmdline"] or [])]
+    assert not left, left
