@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= data/synthetic
 SEED_DATA ?= data/synthetic-320
+PHOTO_DATA ?= data/photos-12mp
+IMAGENET_DATA ?= data/synthetic-500
 ARGS ?=
 NPROC ?= 2
 
@@ -60,8 +62,14 @@ tensorboard: setup ## Serve outputs/ in TensorBoard on http://127.0.0.1:6006 (TB
 $(SEED_DATA)/.complete: | $(VENV)/.installed
 	$(PY) scripts/make_dataset.py --out $(SEED_DATA) --size 320 --train-per-class 60 --val-per-class 5
 
-bench: setup dataset $(SEED_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
-	@for b in decode workers epoch_latency packed cache rss gpu_prefetch; do $(PY) bench/$$b.py || exit 1; done
+$(PHOTO_DATA)/.complete: | $(VENV)/.installed
+	$(PY) scripts/make_dataset.py --out $(PHOTO_DATA) --photo 4032x3024 --train-per-class 5 --val-per-class 1
+
+$(IMAGENET_DATA)/.complete: | $(VENV)/.installed
+	$(PY) scripts/make_dataset.py --out $(IMAGENET_DATA) --size 500 --train-per-class 20 --val-per-class 2
+
+bench: setup dataset $(SEED_DATA)/.complete $(PHOTO_DATA)/.complete $(IMAGENET_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
+	@for b in decode workers epoch_latency packed cache rss photos cpu_profile gpu_prefetch; do $(PY) bench/$$b.py || exit 1; done
 
 clean: ## Remove outputs/ (runs and sweeps; keeps .venv and data/)
 	rm -rf outputs

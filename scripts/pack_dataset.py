@@ -24,10 +24,13 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="output root: gets train/ and val/")
     parser.add_argument("--size", type=int, default=73, help="stored side in px (default 73: image_size 64)")
     parser.add_argument("--workers", type=int, default=2, help="decoding processes")
+    parser.add_argument("--full-decode", action="store_true",
+                        help="decode JPEGs whole (default: at the smallest DCT scale that keeps --size)")
     args = parser.parse_args()
     cifar = (args.src / "data_batch_1").is_file() or (args.src / "cifar-10-batches-py").is_dir()
     for split in ("train", "val"):
-        dataset = Cifar10Dataset(args.src, split == "train") if cifar else ImageFolderDataset(args.src / split)
+        dataset = Cifar10Dataset(args.src, split == "train") if cifar else ImageFolderDataset(
+            args.src / split, min_side=None if args.full_decode else args.size)
         written = pack_split(dataset, args.out / split, args.size, args.workers, source=str(args.src))
         print(f"{args.out / split}: {written} of {len(dataset)} images at {args.size}x{args.size}")
 

@@ -48,6 +48,7 @@ class DataConfig:
     non_blocking: bool = True
     device_transforms: bool = True  # uint8 to the device, normalize there
     # Data-path extras.
+    scaled_decode: bool = True  # decode large JPEGs at the DCT scale (1/2, 1/4, 1/8) the resize needs, not whole
     cache_bytes: int = 0  # shared-memory cache of decoded training samples (JPEG datasets); 0 = off
     on_bad_sample: str = "warn"  # warn (skip and count) | raise
 
@@ -68,7 +69,7 @@ class TrainerConfig:
     label_smoothing: float = 0.0
     grad_accum_steps: int = 1
     amp: bool = False  # autocast + GradScaler on CUDA
-    cpu_bf16: bool = False  # bf16 autocast on CPU
+    cpu_bf16: Any = False  # bf16 autocast on CPU: true | false | auto (on where the CPU has native bf16)
     channels_last: bool = False
     compile: bool = False
     seed: int = 0
@@ -165,6 +166,8 @@ def validate(cfg: Any) -> None:
         value = getattr(trainer, key)
         if value is not None and value < 1:
             _fail(f"trainer.{key}", value, "use a positive integer or null")
+    if trainer.cpu_bf16 not in (True, False, "auto"):
+        _fail("trainer.cpu_bf16", trainer.cpu_bf16, "use true, false or auto")
     if trainer.lr <= 0:
         _fail("trainer.lr", trainer.lr, "use a positive learning rate")
     if trainer.metrics_port is not None and not 1 <= trainer.metrics_port <= 65535:

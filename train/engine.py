@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from train import checkpoint
+from train import checkpoint, precision
 from train.config import ConfigError
 from train.data import DataPipeline
 from train.data.loader import explain_loader_error
@@ -50,6 +50,8 @@ class Trainer:
         # run stopped by it and resumed later follows the same schedule.
         self.total_steps = tc.epochs * self.steps_per_epoch
         self.scheduler = self.plan_schedule()
+        cpu_bf16 = device.type == "cpu" and precision.use_cpu_bf16(tc.cpu_bf16)
+        self.autocast = partial(precision.autocast, device, tc.amp, cpu_bf16)
         self.use_scaler = tc.amp and device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_scaler)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=tc.label_smoothing)
@@ -65,15 +67,6 @@ class Trainer:
         return torch.optim.lr_scheduler.OneCycleLR(
             self.optimizer, max_lr=self.cfg.trainer.lr, total_steps=max(self.total_steps, 1), pct_start=0.15,
             last_epoch=step - 1)
-
-    # -- precision -------------------------------------------------------------------------------------------
-    def autocast(self):
-        tc = self.cfg.trainer
-        if self.device.type == "cuda" and tc.amp:
-            return torch.autocast("cuda", dtype=torch.float16)
-        if self.device.type == "cpu" and tc.cpu_bf16:
-            return torch.autocast("cpu", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def state_dict(self, loader_state: dict | None) -> dict:

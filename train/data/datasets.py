@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_image
 
 from train.config import ConfigError
 from train.data.cache import SharedSampleCache
+from train.data.decode import decode_image_file
 from train.data.loader import LoaderError
 from train.data.transforms import build_train_transform, build_val_transform, resize_size
 
@@ -34,10 +34,11 @@ class BadSampleError(LoaderError):
 
 
 class ImageFolderDataset(Dataset):
-    """root/<class>/<image> with classes sorted by name; decodes with libjpeg-turbo into a uint8 CHW tensor."""
+    """root/<class>/<image> with classes sorted by name; decodes with libjpeg-turbo into a uint8 CHW tensor, a
+    JPEG at the smallest DCT scale whose shorter side stays >= `min_side` (decode.py; None: always whole)."""
 
     def __init__(self, root: str | Path, transform: Transform | None = None, on_bad_sample: str = "warn",
-                 cache: SharedSampleCache | None = None):
+                 cache: SharedSampleCache | None = None, min_side: int | None = None):
         root = Path(root)
         self.classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         paths, targets = [], []
@@ -53,16 +54,15 @@ class ImageFolderDataset(Dataset):
         self.transform = transform
         self.on_bad_sample = on_bad_sample
         self.cache = cache
+        self.min_side = min_side
 
     def __len__(self) -> int:
         return len(self.targets)
 
     def load(self, index: int) -> torch.Tensor:
         """The decoded uint8 CHW image, before transforms."""
-        path = self.paths[index].decode()
-        with open(path, "rb") as f:
-            raw = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
-        return decode_image(raw, mode=ImageReadMode.RGB)
+        with open(self.paths[index].decode(), "rb") as f:
+            return decode_image_file(f.read(), self.min_side)
 
     def __getitem__(self, index: int):
         try:
@@ -151,8 +151,9 @@ def build_datasets(data_cfg, train_transform: Transform | None = None,
     kind = data_cfg.dataset
     input_size = None  # the side of square inputs (packed, cached): their transforms skip the Resize
     if kind in ("synthetic", "imagefolder"):
-        train = ImageFolderDataset(split_root(data_cfg.root, "train"), None, data_cfg.on_bad_sample)
-        val = ImageFolderDataset(split_root(data_cfg.root, "val"), None, data_cfg.on_bad_sample)
+        min_side = resize_size(data_cfg) if data_cfg.scaled_decode else None  # both splits resize the shorter side
+        train = ImageFolderDataset(split_root(data_cfg.root, "train"), None, data_cfg.on_bad_sample, min_side=min_side)
+        val = ImageFolderDataset(split_root(data_cfg.root, "val"), None, data_cfg.on_bad_sample, min_side=min_side)
         if data_cfg.cache_bytes:
             train.cache = _shared_cache(data_cfg, len(train))
     elif kind == "cifar10":

@@ -10,6 +10,7 @@ import colorsys
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image, ImageDraw
 
 CLASSES = ("circle", "square", "triangle", "hstripes", "vstripes", "checker", "diagonal", "ring", "cross", "dots")
@@ -67,11 +68,38 @@ def render_sample(label: int, rng: np.random.Generator, size: int = 80) -> Image
     return image
 
 
+def fractal_field(generator: torch.Generator, height: int, width: int, roughness: float = 0.65) -> torch.Tensor:
+    """(3, H, W) float noise with detail at every scale, as photos have: a 4-pixel grid upsampled twofold again and
+    again to full size, each level adding noise `roughness` times as strong as the one before."""
+    sizes = [(height, width)]
+    while sizes[-1][0] > 4:
+        sizes.append(((sizes[-1][0] + 1) // 2, (sizes[-1][1] + 1) // 2))
+    field = torch.randn(1, 3, *sizes[-1], generator=generator)
+    amplitude = 1.0
+    for size in reversed(sizes[:-1]):
+        amplitude *= roughness
+        field = torch.nn.functional.interpolate(field, size=size, mode="bilinear", align_corners=False)
+        field += amplitude * torch.randn(1, 3, *size, generator=generator)
+    return field[0]
+
+
+def render_photo(label: int, rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    """A photo-sized image of class `label` that compresses like a camera photo (about 1.4 MB at 12 MP, quality 92):
+    smooth colour over every scale plus sensor grain, with the class's shape in its hue over a large part of it."""
+    generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    pixels = 128 + 45 * fractal_field(generator, height, width) + 2 * torch.randn(3, height, width, generator=generator)
+    image = Image.fromarray(pixels.clamp_(0, 255).to(torch.uint8).permute(1, 2, 0).numpy(), "RGB")
+    shape = render_sample(label, rng, size=min(width, height) // 8).resize((width, height), Image.BICUBIC)
+    mask = Image.fromarray((np.asarray(shape).max(axis=2) > 90).astype(np.uint8) * 140, "L")
+    return Image.composite(shape, image, mask)
+
+
 def make_synthetic_imagefolder(
     out: str | Path, train_per_class: int = 150, val_per_class: int = 30, size: int = 80, seed: int = 0,
-    quality: int = 90,
+    quality: int = 90, photo: tuple[int, int] | None = None,
 ) -> Path:
-    """Write out/train/<class>/*.jpg and out/val/<class>/*.jpg; the same seed gives the same bytes."""
+    """Write out/train/<class>/*.jpg and out/val/<class>/*.jpg; the same seed gives the same bytes. `photo`:
+    (width, height) of photo-like images (`render_photo`, JPEG quality 92) instead of `size`-px shapes."""
     out = Path(out)
     for split, per_class, split_seed in (("train", train_per_class, seed), ("val", val_per_class, seed + 1)):
         rng = np.random.default_rng(split_seed)
@@ -79,6 +107,8 @@ def make_synthetic_imagefolder(
             folder = out / split / name
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(per_class):
-                render_sample(label, rng, size).save(folder / f"{i:05d}.jpg", quality=quality)
-    (out / COMPLETE_MARKER).write_text(f"seed={seed} train={train_per_class} val={val_per_class} size={size}\n")
+                image = render_sample(label, rng, size) if photo is None else render_photo(label, rng, *photo)
+                image.save(folder / f"{i:05d}.jpg", quality=quality if photo is None else 92)
+    shape = f"size={size}" if photo is None else f"photo={photo[0]}x{photo[1]}"
+    (out / COMPLETE_MARKER).write_text(f"seed={seed} train={train_per_class} val={val_per_class} {shape}\n")
     return out

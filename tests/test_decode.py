@@ -1,0 +1,130 @@
+"""JPEGs decoded at the DCT scale the resize needs: the scale chosen, the pixels kept, and everything downstream (the
+augmentation's (seed, epoch, index) function, the stream's resume, the sample cache) unchanged."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms.v2 import functional as F
+
+from tests.conftest import compose_config
+from train.data import build_data
+from train.data.datasets import ImageFolderDataset
+from train.data.decode import dct_scale, decode_image_file
+from train.data.synthetic import make_synthetic_imagefolder, render_photo
+from train.data.transforms import fit_square
+from train.data.workers import channels_innermost
+from train.dist import DistEnv
+
+CPU = torch.device("cpu")
+
+
+def jpeg_bytes(image: Image.Image, quality: int = 92) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = torch.mean((a.double() - b.double()) ** 2).item()
+    return 10 * math.log10(255**2 / mse)
+
+
+@pytest.mark.parametrize(("size", "min_side", "scale"), [
+    ((4032, 3024), 256, 8),   # a 12 MP photo for 224 px crops: 504 x 378
+    ((4032, 3024), 512, 4),
+    ((3024, 4032), 256, 8),   # portrait: the shorter side decides
+    ((1000, 750), 256, 2),    # 375 >= 256
+    ((500, 375), 256, 1),     # ImageNet-sized: decoded whole, as before
+    ((320, 320), 256, 1),
+    ((2049, 2049), 256, 8),   # libjpeg rounds up: ceil(2049 / 8) = 257
+    ((2040, 2040), 256, 4),   # ceil(2040 / 8) = 255
+])
+def test_the_largest_dct_reduction_that_keeps_the_resize_size(size, min_side, scale):
+    assert dct_scale(*size, min_side) == scale
+
+
+@pytest.mark.parametrize(("side", "decoded"), [(2049, 257), (2040, 510), (1000, 500)])
+def test_the_decode_is_at_that_scale(side, decoded):
+    gray = Image.fromarray(np.full((side, side, 3), 128, dtype=np.uint8))
+    assert tuple(decode_image_file(jpeg_bytes(gray), min_side=256).shape) == (3, decoded, decoded)
+
+
+@pytest.mark.slow
+def test_scaled_decode_of_12_mp_photos_matches_a_full_decode_after_the_resize():
+    """PSNR >= 30 dB against a full decode + antialiased resize to the same size (the seed recipe: shorter side 256)."""
+    rng = np.random.default_rng(0)
+    for label in (0, 6):  # a smooth shape and one of many edges
+        data = jpeg_bytes(render_photo(label, rng, 4032, 3024))
+        scaled = decode_image_file(data, min_side=256)
+        full = decode_image_file(data)
+        assert tuple(full.shape) == (3, 3024, 4032) and tuple(scaled.shape) == (3, 378, 504)
+        assert scaled.dtype == torch.uint8 and channels_innermost(scaled)  # the decoder's HWC layout, as before
+        a, b = F.resize(scaled, [256], antialias=True), F.resize(full, [256], antialias=True)
+        assert a.shape == b.shape
+        assert psnr(a, b) >= 30, psnr(a, b)
+
+
+def test_small_images_and_other_formats_decode_whole():
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 400, 3), dtype=np.uint8))
+    jpeg = jpeg_bytes(image)
+    assert torch.equal(decode_image_file(jpeg, min_side=256), decode_image_file(jpeg))  # 300 / 2 < 256: whole
+    png = io.BytesIO()
+    Image.fromarray(np.zeros((1200, 1600, 3), dtype=np.uint8)).save(png, "PNG")
+    assert tuple(decode_image_file(png.getvalue(), min_side=256).shape) == (3, 1200, 1600)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """10 classes x 2 photo-like JPEGs at 640 x 480: at the cpu profile's 73 px resize they decode at 1/4 scale."""
+    return make_synthetic_imagefolder(tmp_path_factory.mktemp("photos"), train_per_class=2, val_per_class=1,
+                                      photo=(640, 480))
+
+
+def pipeline(root: Path, *extra: str):
+    cfg = compose_config(["hardware=cpu", f"data.root={root}", "data.image_size=64", "data.batch_size=4",
+                          "trainer.epochs=2", *extra])
+    return build_data(cfg, DistEnv(), CPU)
+
+
+def batches(data, epoch: int = 1) -> list[torch.Tensor]:
+    data.set_epoch(epoch)
+    return [images.clone() for images, *_ in data.train_loader]
+
+
+@pytest.mark.slow
+def test_scaled_decode_keeps_augmentation_a_function_of_seed_epoch_index_and_resume_exact(photos):
+    dataset = ImageFolderDataset(photos / "train", min_side=73)
+    assert tuple(dataset.load(0).shape) == (3, 120, 160)  # 1/4 scale: the resize still shrinks
+    whole = batches(pipeline(photos, "data.num_workers=0", "data.persistent_workers=false"))
+    workers = batches(pipeline(photos, "data.num_workers=2"))
+    assert len(whole) == 5 and all(torch.equal(a, b) for a, b in zip(whole, workers, strict=True))
+    full = batches(pipeline(photos, "data.num_workers=0", "data.persistent_workers=false", "data.scaled_decode=false"))
+    assert all(psnr(a, b) >= 30 for a, b in zip(whole, full, strict=True))  # the same crops, the same pixels nearly
+    first = pipeline(photos, "data.num_workers=2")
+    first.set_epoch(1)
+    stream = iter(first.train_loader)
+    for _ in range(2):
+        next(stream)
+    state = first.train_loader.state_dict()
+    second = pipeline(photos, "data.num_workers=2")
+    second.set_epoch(1)
+    second.train_loader.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(whole[2:], batches(second), strict=True))
+
+
+@pytest.mark.slow
+def test_the_sample_cache_fills_from_the_scaled_decode(photos):
+    data = pipeline(photos, "data.num_workers=0", "data.persistent_workers=false", "data.cache_bytes=10000000")
+    batches(data, epoch=0)
+    dataset = data.train_loader.loader.dataset.dataset  # EpochSeededDataset -> ImageFolderDataset
+    assert len(dataset.cache) == 20
+    scaled = ImageFolderDataset(photos / "train", min_side=73)
+    for index in (0, 7, 19):
+        assert torch.equal(dataset.cache.slab[index], fit_square(scaled.load(index), 73))
