@@ -1,38 +1,52 @@
 #!/usr/bin/env python3
-"""JPEG decoding in one process: torchvision.io.decode_jpeg (libjpeg-turbo) vs PIL, images/s on the embedded set
-(80 px) and on the seed pipeline's ImageNet-sized set (320 px)."""
+"""JPEG decoding in one process, one thread: the kit's decoder (train/data/decode.py: simplejpeg, at the DCT scale
+the resize needs) against torchvision.io.decode_image (the kit's decoder before) and PIL, images/s on the embedded
+set (80 px), the seed pipeline's 320 px set and ImageNet-sized 500 px JPEGs. At these sizes no DCT scale keeps the
+resize size, so every file is decoded whole: kit / torchvision >= 1 is no regression (12 MP photos: bench/photos.py).
+"""
 
 from __future__ import annotations
 
 import io
+import os
 import time
-from functools import partial
+from pathlib import Path
 
 import torch
-from common import DATA, SEED_DATA, interleaved, jpeg_files, machine, report
+from common import DATA, ROOT, SEED_DATA, jpeg_files, machine, report
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as F
 
+from train.data.decode import decode_image_file
 
-def torchvision_rate(files: list[bytes]) -> float:
-    start = time.perf_counter()
-    for raw in files:
-        decode_image(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB)
-    return len(files) / (time.perf_counter() - start)
+IMAGENET_DATA = Path(os.environ.get("IMAGENET_DATA", ROOT / "data" / "synthetic-500"))
+DECODERS = {
+    "kit": lambda raw, side: decode_image_file(raw, side),
+    "torchvision": lambda raw, side: decode_image(torch.frombuffer(bytearray(raw), dtype=torch.uint8),
+                                                  mode=ImageReadMode.RGB),
+    "PIL": lambda raw, side: F.pil_to_tensor(Image.open(io.BytesIO(raw)).convert("RGB")),
+}
 
 
-def pil_rate(files: list[bytes]) -> float:
-    start = time.perf_counter()
-    for raw in files:
-        F.pil_to_tensor(Image.open(io.BytesIO(raw)).convert("RGB"))
-    return len(files) / (time.perf_counter() - start)
+def rates(files: list[bytes], resize: int, rounds: int = 3) -> dict[str, float]:
+    """Best images/s of each decoder over `rounds` passes, taken in turn."""
+    best = dict.fromkeys(DECODERS, 0.0)
+    for _ in range(rounds):
+        for name, decode in DECODERS.items():
+            start = time.perf_counter()
+            for raw in files:
+                decode(raw, resize)
+            best[name] = max(best[name], len(files) / (time.perf_counter() - start))
+    return best
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    for root in (DATA, SEED_DATA):
+    for root, resize in ((DATA, 73), (SEED_DATA, 256), (IMAGENET_DATA, 256)):  # the resize sizes of 64 / 224 px crops
         files = [path.read_bytes() for path in jpeg_files(root)[:1000]]
-        tv, pil = interleaved(partial(torchvision_rate, files), partial(pil_rate, files), rounds=3)
-        report(f"decode torchvision.io / PIL, {root.name}", tv / pil, "> 1 keeps decode_image the default", tv > pil,
-               f"torchvision.io {tv:.0f} img/s, PIL {pil:.0f} img/s, {len(files)} JPEGs; {machine()}")
+        rate = rates(files, resize)
+        ratio = rate["kit"] / rate["torchvision"]
+        report(f"decode kit / torchvision.io, {root.name}", ratio, ">= 1 (no regression)", ratio >= 1,
+               f"kit {rate['kit']:.0f}, torchvision.io {rate['torchvision']:.0f}, PIL {rate['PIL']:.0f} img/s "
+               f"(kit / PIL {rate['kit'] / rate['PIL']:.2f}), {len(files)} JPEGs; {machine()}")
