@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +15,11 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
-from tests.conftest import compose_config
+from tests.conftest import ROOT, compose_config
 from train.data import build_data
 from train.data.datasets import ImageFolderDataset
 from train.data.decode import dct_scale, decode_image_file
+from train.data.packed import PackedDataset
 from train.data.synthetic import make_synthetic_imagefolder, render_photo
 from train.data.transforms import fit_square
 from train.data.workers import channels_innermost
@@ -128,3 +131,16 @@ def test_the_sample_cache_fills_from_the_scaled_decode(photos):
     scaled = ImageFolderDataset(photos / "train", min_side=73)
     for index in (0, 7, 19):
         assert torch.equal(dataset.cache.slab[index], fit_square(scaled.load(index), 73))
+
+
+@pytest.mark.slow
+def test_packing_photos_decodes_at_the_scale_of_the_packed_size(photos, tmp_path):
+    """scripts/pack_dataset.py asks for --size: 640 x 480 photos packed at 73 px decode at 1/4 (160 x 120)."""
+    for name, extra in (("scaled", []), ("whole", ["--full-decode"])):
+        subprocess.run([sys.executable, "scripts/pack_dataset.py", str(photos), str(tmp_path / name), "--size", "73",
+                        *extra], cwd=ROOT, check=True, capture_output=True)
+    scaled, whole = PackedDataset(tmp_path / "scaled" / "train"), PackedDataset(tmp_path / "whole" / "train")
+    source = ImageFolderDataset(photos / "train", min_side=73)
+    for index in (0, 9, 19):
+        assert torch.equal(scaled.load(index), fit_square(source.load(index), 73))
+        assert psnr(scaled.load(index), whole.load(index)) >= 30
