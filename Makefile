@@ -11,7 +11,7 @@ ARGS ?=
 NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup dataset train test test-fast lint test-container torchrun slurm bench tune tensorboard clean
+.PHONY: help setup dataset train test test-fast lint test-container torchrun slurm gpu-check bench tune tensorboard clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -44,6 +44,10 @@ test-fast: setup ## Run the tests not marked slow
 
 lint: setup ## ruff on the Python sources
 	$(PY) -m ruff check train scripts tests bench
+
+gpu-check: setup dataset ## On a GPU box: the CUDA tests, each GPU profile's short run, nccl, compile (scripts/gpu_check.py)
+	$(PY) -m pytest -q -m cuda $(ARGS)
+	$(PY) scripts/gpu_check.py
 
 slurm: ## Start a one-node Slurm here (root; installs slurm-wlm + munge) to try scripts/slurm/train.sbatch
 	bash scripts/slurm/local_cluster.sh start

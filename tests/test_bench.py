@@ -19,3 +19,17 @@ def test_gpu_prefetch_measures_data_wait_over_several_epochs(tiny_dataset, prefe
              "data.pin_memory=false")  # the a100 profile otherwise: 7 batches an epoch here, 12 steps span two
     fraction = gpu_prefetch.data_wait(prefetch, torch.device("cpu"), *small, root=tiny_dataset, steps=12, warmup=2)
     assert 0 <= fraction < 1
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_a_profile_and_plots_it_on_cpu(tiny_dataset, tmp_path, monkeypatch):
+    """scripts/gpu_check.py's run and report code on CPU (its runs need CUDA for real: `make gpu-check`)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check
+
+    monkeypatch.setattr(gpu_check, "OUT", tmp_path)
+    monkeypatch.setattr(gpu_check, "DATA", str(tiny_dataset))
+    row = gpu_check.train("cpu", ["hardware=cpu", "data.image_size=32", "trainer.max_steps=2"], [sys.executable])
+    assert row["ok"] and row["images_per_s"] > 0 and 0 <= row["data_wait_frac"] < 1, row
+    gpu_check.plot([row], tmp_path / "report.png")
+    assert (tmp_path / "report.png").stat().st_size > 0

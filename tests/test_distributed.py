@@ -201,7 +201,7 @@ def _pipeline(root: Path, workers: int, device: str = "cpu"):
     return build_data(cfg, DistEnv(), torch.device(device))
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here")
+cuda = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here")]
 
 
 @pytest.mark.parametrize(("workers", "device"), [(0, "cpu"), (2, "cpu"), pytest.param(2, "cuda", marks=cuda)])

@@ -1,0 +1,115 @@
+"""The CUDA paths, on a CUDA machine (`make gpu-check` runs `pytest -m cuda`); skipped here without one.
+
+The prefetcher's batches against the CPU path's, pinned batches and a copy that overlaps compute (profiler trace),
+GradScaler stepping and skipping an inf (the inf injected by a gradient hook the test installs), channels_last
+reaching the model, and the GPU memory gauges. The mid-epoch resume on CUDA is in test_distributed.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import compose_config
+from train.data import build_data
+from train.data.prefetcher import DevicePrefetcher
+from train.dist import DistEnv
+from train.engine import Trainer
+from train.model import build_model
+from train.monitoring import MemorySampler
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here (make gpu-check on a GPU)")]
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
+
+
+def config(root: Path, *extra: str):
+    return compose_config(["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=16",
+                           "data.num_workers=2", "data.pin_memory=true", "trainer.epochs=1", "trainer.progress=false",
+                           *extra])
+
+
+def epoch(data, first: int | None = None) -> list:
+    data.set_epoch(0)
+    batches = []
+    for images, targets, *_ in data.train_loader:
+        batches.append((images.cpu(), targets.cpu()))
+        if first is not None and len(batches) == first:
+            break
+    return batches
+
+
+def test_prefetcher_batches_equal_the_cpu_path(tiny_dataset):
+    on_gpu = epoch(build_data(config(tiny_dataset), DistEnv(), CUDA))
+    on_cpu = epoch(build_data(config(tiny_dataset), DistEnv(), CPU))
+    assert len(on_gpu) == len(on_cpu) > 0
+    for (a, ta), (b, tb) in zip(on_gpu, on_cpu, strict=True):
+        assert torch.equal(ta, tb)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # normalized on different devices
+    data = build_data(config(tiny_dataset), DistEnv(), CUDA)
+    data.set_epoch(0)
+    host = list(data.train_loader.loader)[:3]  # uint8 batches as the workers hand them over, pinned
+    assert all(images.is_pinned() for images, *_ in host)
+    raw = DevicePrefetcher(host, CUDA, normalize=False, channels_last=False)
+    for (images, *_), (device_images, *_) in zip(host, raw, strict=True):
+        assert device_images.device.type == "cuda" and torch.equal(device_images.cpu(), images)  # bit for bit
+
+
+def test_the_copy_of_the_next_batch_overlaps_the_current_compute():
+    """A profiler trace: a host-to-device copy on the prefetcher's side stream runs while a kernel runs."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    batches = [(torch.randint(0, 255, (128, 3, 224, 224), dtype=torch.uint8).pin_memory(),
+                torch.zeros(128, dtype=torch.long).pin_memory(), 0) for _ in range(8)]
+    weights = torch.randn(4096, 4096, device=CUDA)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _batch in DevicePrefetcher(batches, CUDA, normalize=True, channels_last=True):
+            for _ in range(10):  # compute on the default stream while the next batch copies
+                weights = torch.tanh(weights @ weights / 4096)
+        torch.cuda.synchronize()
+    gpu = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    copies = [e for e in gpu if "Memcpy HtoD" in e.name]
+    kernels = [e for e in gpu if "Memcpy" not in e.name and "Memset" not in e.name]
+    assert copies and kernels
+    assert any(c.time_range.start < k.time_range.end and k.time_range.start < c.time_range.end
+               for c in copies for k in kernels), "no copy ran during a kernel"
+
+
+def trainer(root: Path, tmp_path: Path, *extra: str) -> Trainer:
+    cfg = config(root, "trainer.device=cuda", "trainer.amp=true", *extra)
+    data = build_data(cfg, DistEnv(), CUDA)
+    model = build_model(cfg.model.name, data.num_classes, CUDA, channels_last=cfg.trainer.channels_last)
+    return Trainer(cfg, DistEnv(), CUDA, data, model, tmp_path)
+
+
+def test_grad_scaler_skips_a_step_with_inf_gradients_and_takes_the_next(tiny_dataset, tmp_path):
+    run = trainer(tiny_dataset, tmp_path, "trainer.max_steps=1")
+    first = next(run.model.parameters())
+    poisoned = first.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    before, scale = first.detach().clone(), run.scaler.get_scale()
+    run.train_epoch()
+    assert torch.equal(first.detach(), before), "a step with inf gradients must be skipped"
+    assert run.scaler.get_scale() < scale
+    poisoned.remove()
+    run.cfg.trainer.max_steps = 2
+    run.train_epoch()
+    assert not torch.equal(first.detach(), before)
+
+
+def test_channels_last_batches_reach_the_model(tiny_dataset, tmp_path):
+    run = trainer(tiny_dataset, tmp_path, "trainer.channels_last=true", "trainer.max_steps=2")
+    seen = []
+    run.model.register_forward_pre_hook(lambda module, args: seen.append(
+        args[0].is_cuda and args[0].is_contiguous(memory_format=torch.channels_last)))
+    run.train_epoch()
+    assert seen and all(seen)
+
+
+def test_gpu_memory_gauges_report():
+    sampler = MemorySampler(CUDA)
+    block = torch.empty(64 * 2**20, dtype=torch.uint8, device=CUDA)
+    sample = sampler.sample()
+    assert sample.gpu_allocated >= block.numel() and sample.gpu_peak >= sample.gpu_allocated
