@@ -219,6 +219,7 @@ def test_weighted_and_random_samplers_draw_the_same_order_for_the_same_epoch(tin
 
 
 # -- packed format ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_pack_round_trip_equals_the_decoded_pixels(tiny_dataset, tmp_path):
     out = tmp_path / "packed"
     subprocess.run([sys.executable, "scripts/pack_dataset.py", str(tiny_dataset), str(out), "--size", "37"],
@@ -233,6 +234,7 @@ def test_pack_round_trip_equals_the_decoded_pixels(tiny_dataset, tmp_path):
     assert batches[0][0].shape == (16, 3, 32, 32)
 
 
+@pytest.mark.slow
 def test_pack_cifar10_round_trip_keeps_every_pixel_and_label(cifar_root, tmp_path):
     out = tmp_path / "cifar-packed"
     subprocess.run([sys.executable, "scripts/pack_dataset.py", str(cifar_root), str(out), "--size", "32"],

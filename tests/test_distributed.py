@@ -168,6 +168,7 @@ def test_gradient_accumulation_all_reduces_only_on_the_updating_micro_batch(dist
             assert step[:2] == ["forward", "forward"] and step[2:] and set(step[2:]) == {"allreduce"}, step
 
 
+@pytest.mark.slow
 def test_ranks_above_zero_write_nothing(tiny_dataset, tmp_path):
     """A rank > 0 (as torchrun starts it) makes no .hydra/, log, metrics or checkpoint, and prints no epoch lines."""
     run_dir = tmp_path / "run"

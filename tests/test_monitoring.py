@@ -79,6 +79,7 @@ def test_bad_port_is_a_config_error(port):
         validate(cfg)
 
 
+@pytest.mark.slow
 def test_port_in_use_fails_at_start_naming_the_key(small_run_args, tmp_path):
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
@@ -92,6 +93,7 @@ def test_port_in_use_fails_at_start_naming_the_key(small_run_args, tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists(), "no training before the port check"
 
 
+@pytest.mark.slow
 def test_monitor_with_real_workers_serves_and_writes(tmp_path):
     """The Monitor driven by a real EpochMeter over a real 2-worker DataLoader: scrape mid-epoch, then read back
     the TensorBoard events; the endpoint is gone after close()."""

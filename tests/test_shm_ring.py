@@ -110,6 +110,7 @@ def test_resume_from_a_loader_state_gives_the_rest_through_the_ring():
     assert_same(head + list(second), expected())
 
 
+@pytest.mark.slow
 def test_spawn_workers_map_the_same_ring():
     assert_same(list(loader(ring(), context="spawn", epochs=1)), expected()[:8])
 

@@ -27,6 +27,7 @@ def _can_mount_private_shm() -> bool:
 pytestmark = pytest.mark.skipif(not _can_mount_private_shm(), reason="needs root and unshare -m to mount a tmpfs")
 
 
+@pytest.mark.slow
 def test_small_dev_shm_warns_then_fails_with_the_fix(tiny_dataset, tmp_path):
     args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=64", "data.batch_size=64",
             "data.num_workers=2", "data.prefetch_factor=4", "trainer.max_steps=2", "trainer.progress=false",

@@ -62,6 +62,7 @@ def same(got: list, want: list) -> bool:
         all(torch.equal(a, b) for a, b in zip(g, w, strict=True)) for g, w in zip(got, want, strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [4, 15])  # mid-epoch 0; the last batch of epoch 0 (epoch 1's batches in flight)
 def test_state_taken_with_batches_in_flight_resumes_with_exactly_the_rest(tiny_dataset, stop):
     reference = drain(pipeline(tiny_dataset, 2).train_loader, range(2))

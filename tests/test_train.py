@@ -33,6 +33,7 @@ def test_two_epochs_with_persistent_workers_learn_and_write_metrics(learn_datase
     assert "epoch 2/2" in result.stderr + result.stdout  # one summary line per epoch on the console
 
 
+@pytest.mark.slow
 def test_resume_auto_continues_without_repeating_an_epoch(small_run_args, tmp_path):
     run_dir = tmp_path / "run"
     # 240 train images / batch 16 = 15 steps per epoch: max_steps=15 stops cleanly after epoch 1.
@@ -53,6 +54,7 @@ def test_resume_auto_continues_without_repeating_an_epoch(small_run_args, tmp_pa
     ("data.root=/no/such/dataset", "data.root='/no/such/dataset' does not exist"),
     ("data.prefetch_factor=2", "data.prefetch_factor=2"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_before_any_worker(small_run_args, override, message):
     result = run_cli([*small_run_args, "data.num_workers=0", "data.persistent_workers=false", override])
     assert result.returncode == 2
@@ -61,6 +63,7 @@ def test_bad_input_is_one_line_before_any_worker(small_run_args, override, messa
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_root_without_images_is_rejected(small_run_args, tmp_path):
     empty = tmp_path / "empty"
     (empty / "train" / "cat").mkdir(parents=True)
@@ -70,12 +73,14 @@ def test_root_without_images_is_rejected(small_run_args, tmp_path):
     assert "data.root: no images under" in result.stderr
 
 
+@pytest.mark.slow
 def test_typo_fails_at_the_command_line(small_run_args):
     result = run_cli([*small_run_args, "data.num_wrkers=2"])
     assert result.returncode != 0
     assert "num_wrkers" in result.stderr
 
 
+@pytest.mark.slow
 def test_pin_memory_without_cuda_warns_and_trains(small_run_args, tmp_path):
     result = run_cli([*small_run_args, "data.num_workers=0", "data.persistent_workers=false",
                       "data.pin_memory=true", "trainer.max_steps=2", "trainer.epochs=1"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from tests.conftest import compose_config, read_metrics, run_cli
@@ -20,6 +21,7 @@ def test_cifar10_reads_python_batches(cifar_root):
     assert tuple(image.shape) == (3, 32, 32) and 0 <= label < 10
 
 
+@pytest.mark.slow
 def test_cifar10_trains_from_its_folder(cifar_root, small_run_args, tmp_path):
     result = run_cli([*small_run_args, "data.dataset=cifar10", f"data.root={cifar_root}", "data.resize_size=32",
                       "data.num_workers=1", "trainer.epochs=1", "trainer.max_steps=3"])
@@ -27,11 +29,13 @@ def test_cifar10_trains_from_its_folder(cifar_root, small_run_args, tmp_path):
     assert read_metrics(tmp_path / "run")[0]["val_samples"] == 30
 
 
+@pytest.mark.slow
 def test_cifar10_missing_batches_is_a_clear_error(small_run_args, tmp_path):
     result = run_cli([*small_run_args, "data.dataset=cifar10", f"data.root={tmp_path}"])
     assert result.returncode == 2 and "missing CIFAR-10 batch files" in result.stderr
 
 
+@pytest.mark.slow
 def test_bf16_accumulation_channels_last_weighted_sampler(small_run_args, tmp_path):
     result = run_cli([*small_run_args, "data.num_workers=1", "data.sampler=weighted", "trainer.cpu_bf16=true",
                       "trainer.grad_accum_steps=2", "trainer.channels_last=true", "trainer.epochs=1",

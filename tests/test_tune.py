@@ -88,6 +88,7 @@ def test_autotune_profile_composes_and_trains(sweep, tiny_dataset, tmp_path):
     assert read_metrics(run_dir)[0]["images"] > 0
 
 
+@pytest.mark.slow
 def test_bad_sweep_value_fails_before_any_job(tiny_dataset, tmp_path):
     proc = run_cli(["-m", *TINY, f"data.root={tiny_dataset}", "data.num_workers=0,-1",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], module="train.tune")

@@ -59,6 +59,7 @@ def test_killed_worker_becomes_an_error_naming_shm_and_memory():
     assert "shm" in str(explained) and "data.num_workers" in str(explained)
 
 
+@pytest.mark.slow
 def test_stalled_worker_times_out_with_the_key_to_raise():
     started = time.monotonic()
     error = first_error(StatefulDataLoader(Stalls(), batch_size=2, num_workers=1, timeout=1.0))
