@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 
 import psutil
@@ -15,10 +16,10 @@ from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from tests.conftest import run_cli
+from tests.conftest import compose_config, run_cli
+from train.data import build_data
 from train.data.loader import STUCK_WORKER_TIMEOUT_S, LoaderError, explain_loader_error, loader_kwargs
-
-DATA_CFG = OmegaConf.create({"timeout": 1.0})
+from train.dist import DistEnv
 
 
 class DiesAt(Dataset):
@@ -54,7 +55,7 @@ def first_error(loader) -> BaseException:
 
 def test_killed_worker_becomes_an_error_naming_shm_and_memory():
     error = first_error(StatefulDataLoader(DiesAt(5), batch_size=4, num_workers=2))
-    explained = explain_loader_error(error, DATA_CFG)
+    explained = explain_loader_error(error)
     assert isinstance(explained, LoaderError)
     assert "shm" in str(explained) and "data.num_workers" in str(explained)
 
@@ -64,12 +65,12 @@ def test_stalled_worker_times_out_with_the_key_to_raise():
     started = time.monotonic()
     error = first_error(StatefulDataLoader(Stalls(), batch_size=2, num_workers=1, timeout=1.0))
     assert time.monotonic() - started < 25  # the timeout fired; the sleep did not run out
-    explained = explain_loader_error(error, DATA_CFG)
+    explained = explain_loader_error(error)
     assert isinstance(explained, LoaderError) and "data.timeout" in str(explained)
 
 
 def test_other_errors_pass_through():
-    assert explain_loader_error(RuntimeError("CUDA out of memory"), DATA_CFG) is None
+    assert explain_loader_error(RuntimeError("CUDA out of memory")) is None
 
 
 def test_default_timeout_bounds_a_stuck_worker():
@@ -100,3 +101,25 @@ def test_worker_stuck_in_a_read_ends_the_run_naming_the_worker_and_the_file(smal
     assert "data.timeout" in errors[0]
     left = [p for p in psutil.process_iter(["cmdline"]) if str(data) in " ".join(p.info["cmdline"] or [])]
     assert not left, left
+
+
+def test_workers_outlive_stop_signals_from_outside_and_end_with_the_pipeline(tiny_dataset):
+    """Slurm signals every process of a job step, Ctrl-C the whole process group: the workers keep loading (the main
+    process decides when to stop), and still end when the pipeline closes (DataLoader's SIGTERM from the parent)."""
+    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+                          "data.num_workers=2", "data.persistent_workers=true"])
+    others = {child.pid for child in psutil.Process().children()}  # earlier tests' processes, if any
+    data = build_data(cfg, DistEnv(), torch.device("cpu"))
+    data.set_epoch(0)
+    batches = iter(data.train_loader)
+    next(batches)
+    workers = [child for child in psutil.Process().children() if child.pid not in others]
+    assert len(workers) == 2
+    for sig in ("TERM", "INT", "USR1"):  # from another process, as slurmstepd or a terminal sends them
+        subprocess.run(["kill", f"-{sig}", *(str(worker.pid) for worker in workers)], check=True)
+    time.sleep(0.5)
+    assert all(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+    assert len(list(batches)) == len(data.train_loader) - 1  # the rest of the epoch, nothing lost
+    data.close()
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive

@@ -194,7 +194,7 @@ class Trainer:
                 except StopIteration:
                     return
                 except RuntimeError as err:
-                    explained = explain_loader_error(err, self.cfg.data, self.data.stuck_read())
+                    explained = explain_loader_error(err, self.data.stuck_read())
                     if explained is None:
                         raise
                     raise explained from err

@@ -250,7 +250,7 @@ def run_job(cfg: DictConfig) -> dict:
     except (RuntimeError, OSError) as err:  # a killed worker, /dev/shm full, out of memory: keep sweeping
         from train.data.loader import explain_loader_error
 
-        explained = explain_loader_error(err, cfg.data) or err
+        explained = explain_loader_error(err) or err
         log.error("job %d failed: %s", job, explained)
         record = {"job": job, "overrides": list(hydra_cfg.overrides.task), "status": "failed",
                   "error": str(explained)}

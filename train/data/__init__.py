@@ -85,4 +85,6 @@ def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
                         beside_workers=val_loader.num_workers > 0)  # both loaders have data.num_workers
     train_stream = build_train_stream(train_ds, data, env, device, seed=seed, epochs=cfg.trainer.epochs,
                                       open_batches=to_device, record_indices=cfg.trainer.record_samples)
-    return DataPipeline(train_stream, val_loader, num_classes, to_device, *((train_ds, val_ds) if board else ()))
+    watched = board is not None
+    return DataPipeline(train_stream, val_loader, num_classes, to_device, activity=train_ds if watched else None,
+                        val_activity=val_ds if watched else None)

@@ -198,15 +198,11 @@ def shutdown_workers(loader: StatefulDataLoader) -> None:
     each is killed only after DataLoader's 5 s join timeout."""
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-        for worker in getattr(iterator, "_workers", ()):  # stuck in a read, and deaf to SIGTERM (init_worker)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
+        iterator._shutdown_workers()  # a worker stuck in a read gets SIGTERM from it (init_worker lets that in)
     loader._iterator = None
 
 
-def explain_loader_error(err: BaseException, data_cfg, stuck_read: str | None = None) -> LoaderError | None:
+def explain_loader_error(err: BaseException, stuck_read: str | None = None) -> LoaderError | None:
     """Turn a dead worker or a timeout into an error naming the likely cause (for a timeout, `stuck_read`: the
     worker and the sample it is still reading); None for other errors."""
     text = str(err)

@@ -52,6 +52,7 @@ def init_worker(worker_id: int) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's stop handler, inherited by fork
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit the mask
     threading.Thread(target=_die_on_sigterm_from, args=(os.getppid(),), daemon=True, name="sigterm").start()
     info = get_worker_info()
@@ -61,10 +62,10 @@ def init_worker(worker_id: int) -> None:
 
 
 def _die_on_sigterm_from(parent: int) -> None:
-    """Wait for SIGTERMs; die of the first one `parent` sends, as if SIGTERM had never been blocked."""
+    """Wait for SIGTERMs; die of the first one `parent` sends, as if SIGTERM had never been blocked (the disposition
+    is the default one; only this thread unblocks it, so the signal sent again lands here and ends the process)."""
     while signal.sigwaitinfo({signal.SIGTERM}).si_pid != parent:
         pass
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     os.kill(os.getpid(), signal.SIGTERM)
 
