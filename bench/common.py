@@ -7,21 +7,18 @@ shared with other jobs slows both sides alike.
 from __future__ import annotations
 
 import os
-import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import torch
+from hydra import compose, initialize_config_dir
+
+from train.config import register
+from train.data import DataPipeline, build_data
+from train.dist import DistEnv
+from train.metrics import MIB, EpochMeter, worker_memory
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from train.config import register  # noqa: E402
-from train.data import DataPipeline, build_data  # noqa: E402
-from train.dist import DistEnv  # noqa: E402
-from train.meters import children_rss_bytes  # noqa: E402
 
 DATA = Path(os.environ.get("DATA", ROOT / "data" / "synthetic"))  # the embedded set: 80 px JPEGs
 # ImageNet-sized JPEGs for the seed pipeline at its own sizes (Resize 256 -> RandomCrop 224): `make bench` makes it
@@ -49,16 +46,17 @@ def jpeg_files(root: Path) -> list[Path]:
 
 
 def images_per_s(batches: Iterable, step: Callable[[], None] | None = None) -> float:
-    """Images per second over `batches`, timed from the second batch on (the first pays for worker start-up)."""
-    count, start = 0, None
-    for images, *_ in batches:
-        if start is None:
-            start = time.perf_counter()
-        else:
-            count += images.shape[0]
+    """Images per second over `batches` (train/metrics.py's EpochMeter), timed from the second batch on (the first
+    pays for worker start-up)."""
+    meter = EpochMeter(memory_every=2**31)  # memory is not what these time
+    for index, batch in enumerate(batches):
+        meter.waited()
         if step is not None:
             step()
-    return count / (time.perf_counter() - start)
+        meter.stepped(len(batch))
+        if index == 0:
+            meter.restart()
+    return meter.summary()["images_per_s"]
 
 
 def interleaved_samples(measure_a: Callable[[], float], measure_b: Callable[[], float],
@@ -82,9 +80,9 @@ def spread(samples: list[float]) -> str:
     return f"{min(samples):.0f}-{max(samples):.0f}"
 
 
-def workers_rss_mb() -> dict[int, float]:
-    """RSS of each child process (the DataLoader workers) in MiB."""
-    return {pid: rss / 2**20 for pid, rss in children_rss_bytes().items()}
+def workers_uss_mb() -> dict[int, float]:
+    """What each child process (the DataLoader workers) holds alone, in MiB: its own pages, not the shared ones."""
+    return {pid: memory.uss / MIB for pid, memory in worker_memory().items()}
 
 
 def machine() -> str:
@@ -98,8 +96,8 @@ def report(name: str, ratio: float, target: str, ok: bool, detail: str) -> None:
 
 def host_batches(data: DataPipeline, epoch: int = 0) -> Iterable:
     """The training stream's uint8 batches as the workers hand them over, before the device copy."""
-    data.train_loader.batches.start_epoch, data.train_loader.batches.start_batch = epoch, 0
-    return data.train_loader.loader
+    data.train.batches.start_epoch, data.train.batches.start_batch = epoch, 0
+    return data.train.loader
 
 
 def steady_images_per_s(data: DataPipeline) -> float:

@@ -44,7 +44,8 @@ def one_batch(image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     with pipeline("data.num_workers=0", "data.persistent_workers=false", f"data.batch_size={BATCH}",
                   f"data.image_size={image_size}") as data:
         data.set_epoch(0)
-        images, targets, *_ = next(iter(data.train_loader))
+        batch = next(iter(data.train))
+        images, targets = batch.images, batch.targets
     return images.float(), targets
 
 

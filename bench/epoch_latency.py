@@ -19,8 +19,8 @@ import time
 from common import images_per_s, interleaved_samples, machine, pipeline, report
 from torch.utils.data import DataLoader
 
+from train.data.batch import collate
 from train.data.loader import shutdown_workers
-from train.data.workers import collate_skipping_bad
 
 SETTINGS = ("data.num_workers=2", "data.persistent_workers=true", "trainer.epochs=2", "data.batch_size=64")
 TRIALS = 5
@@ -46,16 +46,16 @@ def first_batches(train, set_epoch, val) -> tuple[float, float]:
 
 def kit() -> tuple[float, float]:
     with pipeline(*SETTINGS) as data:
-        return first_batches(data.train_loader, data.set_epoch, data.on_device(data.val_loader))
+        return first_batches(data.train, data.set_epoch, data.val)
 
 
 def stock() -> tuple[float, float]:
     with pipeline(*SETTINGS) as data:
-        dataset = data.train_loader.loader.dataset.dataset  # the same JPEG dataset and transforms
+        dataset = data.train.loader.dataset.dataset  # the same JPEG dataset and transforms
         loader = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=2, persistent_workers=True,
-                            collate_fn=collate_skipping_bad, drop_last=True)
+                            collate_fn=collate, drop_last=True)
         try:
-            return first_batches(loader, lambda epoch: None, data.on_device(data.val_loader))
+            return first_batches(loader, lambda epoch: None, data.val)
         finally:
             shutdown_workers(loader)
 

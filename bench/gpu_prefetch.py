@@ -10,6 +10,7 @@ Without CUDA it says so and exits 0 (tests/test_bench.py runs `data_wait` on CPU
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -19,9 +20,12 @@ import torch
 from common import SEED_DATA, config, host_batches, machine
 
 from train.data import DataPipeline, build_data
+from train.data.batch import Batch
 from train.data.transforms import DeviceNormalize
 from train.dist import DistEnv
+from train.metrics import EpochMeter
 from train.model import build_model
+from train.step import TrainStep
 
 BATCH = (128, 3, 224, 224)
 
@@ -42,47 +46,40 @@ def copy_ms(batch: torch.Tensor, device: torch.device, normalize: DeviceNormaliz
     return 1000 * (time.perf_counter() - start) / n
 
 
-def _prefetched(data: DataPipeline, epochs: int) -> Iterator:
+def _prefetched(data: DataPipeline, epochs: int) -> Iterator[Batch]:
     for _ in range(epochs):
-        yield from data.train_loader  # one epoch per pass, already on the device
+        yield from data.train  # one epoch per pass, already on the device
 
 
-def _copied(data: DataPipeline, device: torch.device) -> Iterator:
+def _copied(data: DataPipeline, device: torch.device) -> Iterator[Batch]:
     normalize = DeviceNormalize(device)
-    for images, targets, *_ in host_batches(data, 0):  # every epoch, as the workers hand them over
-        images = normalize(images.to(device)).contiguous(memory_format=torch.channels_last)
-        yield images, targets.to(device)
+    for batch in host_batches(data, 0):  # every epoch, as the workers hand them over
+        images = normalize(batch.images.to(device)).contiguous(memory_format=torch.channels_last)
+        yield dataclasses.replace(batch, images=images, targets=batch.targets.to(device))
 
 
 def data_wait(prefetch: bool, device: torch.device, *overrides: str, root: Path = SEED_DATA, steps: int = 60,
               warmup: int = 5) -> float:
-    """Fraction of the training time after `warmup` steps spent waiting for the next batch (ResNet-50, AMP on
-    CUDA), the a100 profile on the 320 px JPEG set unless `overrides` and `root` say otherwise."""
+    """Fraction of the training time after `warmup` steps spent waiting for the next batch (train/metrics.py's
+    definition), training through train/step.py's TrainStep (ResNet-50, AMP on CUDA): the a100 profile on the
+    320 px JPEG set unless `overrides` and `root` say otherwise."""
     cfg = config("hardware=a100", f"trainer.epochs={steps + 1}", *overrides, root=root)
     with build_data(cfg, DistEnv(), device) as data:
         net = build_model(cfg.model.name, data.num_classes, device, channels_last=True)
-        opt = torch.optim.SGD(net.parameters(), lr=0.01)
-        batches: Iterable = _prefetched(data, cfg.trainer.epochs) if prefetch else _copied(data, device)
-        wait = 0.0
-        mark = start = time.perf_counter()
-        for step, (images, targets, *_) in enumerate(batches):
-            arrived = time.perf_counter()
-            if step >= warmup:
-                wait += arrived - mark
-            with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
-                loss = torch.nn.functional.cross_entropy(net(images), targets)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            synchronize(device)
-            mark = time.perf_counter()
-            if step == warmup - 1:
-                start = mark
-            if step + 1 == steps:
+        step = TrainStep(cfg, DistEnv(), device, net, total_steps=steps)
+        batches: Iterable[Batch] = _prefetched(data, cfg.trainer.epochs) if prefetch else _copied(data, device)
+        meter = EpochMeter(device)
+        for index, batch in enumerate(batches):
+            meter.waited()
+            step(batch)
+            meter.stepped(len(batch))
+            if index == warmup - 1:
+                meter.restart()
+            if index + 1 == steps:
                 break
         else:
             raise RuntimeError(f"data_wait: the loader ran out of batches before {steps} steps")
-    return wait / (mark - start)
+        return meter.summary()["data_wait_frac"]
 
 
 def main() -> int:

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Worker memory over an epoch: peak RSS growth of each DataLoader worker from its first batch (target <= 5 %).
+"""Worker memory over an epoch: peak USS growth of each DataLoader worker from its first batch (target <= 5 %).
+
+USS counts the pages a worker holds alone: what copy-on-read refcount writes to a Python list make private.
 
 Metadata in numpy arrays (the kit) against the same dataset with its paths in a Python list (the copy-on-read
 pattern of pytorch/pytorch#13246), both through real workers over the embedded dataset's three epochs.
@@ -7,7 +9,7 @@ pattern of pytorch/pytorch#13246), both through real workers over the embedded d
 
 from __future__ import annotations
 
-from common import host_batches, machine, pipeline, report, workers_rss_mb
+from common import host_batches, machine, pipeline, report, workers_uss_mb
 
 
 class ListPaths:
@@ -26,14 +28,14 @@ class ListPaths:
 
 def growth(list_paths: bool) -> float:
     data = pipeline("data.num_workers=2", "data.persistent_workers=true", "trainer.epochs=3", "data.batch_size=32")
-    seeded = data.train_loader.loader.dataset
+    seeded = data.train.loader.dataset
     if list_paths:
         seeded.dataset = ListPaths(seeded.dataset)
     start: dict[int, float] = {}
     peak: dict[int, float] = {}
     for index, _ in enumerate(host_batches(data)):
-        rss = workers_rss_mb()
-        for pid, mb in rss.items():
+        uss = workers_uss_mb()
+        for pid, mb in uss.items():
             start.setdefault(pid, mb) if index >= 2 else None
             peak[pid] = max(peak.get(pid, 0.0), mb)
     return max((peak[pid] - start[pid]) / start[pid] for pid in start)
@@ -41,6 +43,6 @@ def growth(list_paths: bool) -> float:
 
 if __name__ == "__main__":
     ours, lists = growth(False), growth(True)
-    report("worker peak RSS growth", 100 * ours, "<= 5 %", ours <= 0.05,
+    report("worker peak USS growth", 100 * ours, "<= 5 %", ours <= 0.05,
            f"numpy metadata {100 * ours:.1f} %, a Python list of paths {100 * lists:.1f} %; 2 workers, 3 epochs; "
            f"{machine()}")

@@ -2,12 +2,9 @@
 """Make the embedded default dataset: a synthetic ImageFolder of real JPEG files (deterministic from --seed)."""
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from train.data.synthetic import COMPLETE_MARKER, make_synthetic_imagefolder  # noqa: E402
+from train.data.synthetic import COMPLETE_MARKER, make_synthetic_imagefolder
 
 
 def main() -> None:

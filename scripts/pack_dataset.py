@@ -9,13 +9,10 @@ Every image is made square at --size px (shorter side resized, centre crop); pic
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from train.data.datasets import Cifar10Dataset, ImageFolderDataset  # noqa: E402
-from train.data.packed import pack_split  # noqa: E402
+from train.data.datasets import Cifar10Dataset, ImageFolderDataset
+from train.data.packed import pack_split
 
 
 def main() -> None:

@@ -20,6 +20,8 @@ from train.data.synthetic import make_synthetic_imagefolder
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+# installs tests/sample_log.py's callback in a `python -m train` run (PYTHONPATH has the checkout)
+RECORD_SAMPLES = "+callbacks.samples._target_=tests.sample_log.SampleLog"
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +97,7 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
 
 
 def epoch_samples(run_dir: Path, epoch: int, rank: int) -> list[list[int]]:
-    """The batches of sample indices `rank` trained in `epoch` (0-based), from trainer.record_samples' log."""
+    """The batches of sample indices `rank` trained in `epoch` (0-based), from the SampleLog callback's files."""
     return json.loads((run_dir / "samples" / f"epoch{epoch:03d}_rank{rank}.json").read_text())["batches"]
 
 

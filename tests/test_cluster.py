@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import ROOT, assert_each_sample_once, free_port, read_metrics, wait_for
+from tests.conftest import RECORD_SAMPLES, ROOT, assert_each_sample_once, free_port, read_metrics, wait_for
 from train import checkpoint
 from train.data.synthetic import make_synthetic_imagefolder
 
@@ -33,10 +33,10 @@ def cluster_dataset(tmp_path_factory) -> Path:
     return make_synthetic_imagefolder(tmp_path_factory.mktemp("cluster"), train_per_class=24, val_per_class=4, size=40)
 
 
-def train_args(root: Path, *extra: str) -> list[str]:
+def train_args(root: Path, *extra: str, record: bool = True) -> list[str]:
     return ["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=10", "data.num_workers=1",
-            "trainer.epochs=2", "trainer.deterministic=true", "trainer.record_samples=true", "trainer.progress=false",
-            *extra]
+            "trainer.epochs=2", "trainer.deterministic=true", *([RECORD_SAMPLES] if record else []),
+            "trainer.progress=false", *extra]
 
 
 def torchrun_command() -> str:
@@ -80,7 +80,7 @@ def sbatch(args: list[str], cwd: Path) -> str:
 
 @pytest.mark.slow
 def test_sbatch_job_file_trains_a_run_to_the_end(slurm, cluster_dataset, tmp_path):
-    job = sbatch(train_args(cluster_dataset, "trainer.epochs=1", "trainer.record_samples=false"), tmp_path)
+    job = sbatch(train_args(cluster_dataset, "trainer.epochs=1", record=False), tmp_path)
     info = wait_for_job_end(job, timeout=300)
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED", log[-3000:]

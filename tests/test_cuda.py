@@ -17,8 +17,8 @@ from train.data import build_data
 from train.data.prefetcher import DevicePrefetcher
 from train.dist import DistEnv
 from train.engine import Trainer
+from train.metrics import MemorySampler
 from train.model import build_model
-from train.monitoring import MemorySampler
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here (make gpu-check on a GPU)")]
@@ -34,7 +34,8 @@ def config(root: Path, *extra: str):
 def epoch(data, first: int | None = None) -> list:
     data.set_epoch(0)
     batches = []
-    for images, targets, *_ in data.train_loader:
+    for batch in data.train:
+        images, targets = batch.images, batch.targets
         batches.append((images.cpu(), targets.cpu()))
         if first is not None and len(batches) == first:
             break
@@ -50,10 +51,10 @@ def test_prefetcher_batches_equal_the_cpu_path(tiny_dataset):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # normalized on different devices
     data = build_data(config(tiny_dataset), DistEnv(), CUDA)
     data.set_epoch(0)
-    host = list(data.train_loader.loader)[:3]  # uint8 batches as the workers hand them over, pinned
-    assert all(images.is_pinned() for images, *_ in host)
+    host = list(data.train.loader)[:3]  # uint8 batches as the workers hand them over, pinned
+    assert all(batch.images.is_pinned() for batch in host)
     raw = DevicePrefetcher(host, CUDA, normalize=False, channels_last=False)
-    for (images, *_), (device_images, *_) in zip(host, raw, strict=True):
+    for images, device_images in zip((b.images for b in host), (b.images for b in raw), strict=True):
         assert device_images.device.type == "cuda" and torch.equal(device_images.cpu(), images)  # bit for bit
 
 

@@ -42,7 +42,7 @@ def data_cfg(root: Path, *extra: str):
 
 def epoch_batches(pipeline, epoch: int) -> list:
     pipeline.set_epoch(epoch)
-    return [tuple(x.clone() if torch.is_tensor(x) else x for x in batch) for batch in pipeline.train_loader]
+    return [(batch.images.clone(), batch.targets.clone(), batch.bad) for batch in pipeline.train]
 
 
 def same(a: list, b: list) -> bool:
@@ -89,7 +89,7 @@ class ThreadProbe(Dataset):
         return 8
 
     def __getitem__(self, index: int):
-        return torch.tensor([torch.get_num_threads(), float(torch.rand(1))], dtype=torch.float64)
+        return torch.tensor([torch.get_num_threads(), float(torch.rand(1))], dtype=torch.float64), 0
 
 
 def test_without_workers_samples_load_on_one_thread_and_leave_the_main_process_threads_and_rng_alone():
@@ -100,8 +100,8 @@ def test_without_workers_samples_load_on_one_thread_and_leave_the_main_process_t
         expected_draw = torch.rand(1)
         torch.manual_seed(0)
         keys = [(0, index) for index in range(8)]
-        rows = torch.cat(list(DataLoader(EpochSeededDataset(ThreadProbe(), seed=0), sampler=keys, batch_size=4,
-                                             generator=torch.Generator().manual_seed(0))))
+        rows = torch.cat([rows for rows, _, _ in DataLoader(EpochSeededDataset(ThreadProbe(), seed=0), sampler=keys,
+                                                            batch_size=4, generator=torch.Generator().manual_seed(0))])
         assert rows[:, 0].tolist() == [1.0] * 8  # as in a DataLoader worker
         assert len(set(rows[:, 1].tolist())) == 8  # each sample drew from its own seed
         assert torch.get_num_threads() == 2 and torch.equal(torch.rand(1), expected_draw)
@@ -141,14 +141,14 @@ class Curriculum(Dataset):
 
 def test_epoch_reaches_persistent_workers_even_when_prefetched_across_the_boundary(tiny_dataset):
     cfg = data_cfg(tiny_dataset, "data.num_workers=2", "data.batch_size=4", "data.prefetch_factor=4")
-    stream = build_train_stream(Curriculum(), cfg.data, DistEnv(), CPU, seed=0, epochs=3, open_batches=iter)
+    stream = build_train_stream(Curriculum(), cfg.data, DistEnv(), CPU, seed=0, epochs=3, to_device=iter)
     orders = []
     for epoch in range(3):
         stream.set_epoch(epoch)
         batches = list(stream)
         assert len(batches) == 8
-        assert all((targets == epoch).all() for _, targets, _ in batches)
-        indices = torch.cat([images[:, 1] for images, _, _ in batches]).tolist()
+        assert all((batch.targets == epoch).all() for batch in batches)
+        indices = torch.cat([batch.images[:, 1] for batch in batches]).tolist()
         assert sorted(indices) == list(range(32))  # every sample once per epoch
         orders.append(indices)
     assert orders[0] != orders[1] != orders[2]  # the sampler's epoch changes the order
@@ -162,7 +162,7 @@ def test_persistent_workers_end_promptly_on_close_or_when_the_pipeline_is_droppe
     before = {child.pid for child in psutil.Process().children()}
     pipeline = build_data(data_cfg(tiny_dataset, "data.num_workers=2"), DistEnv(), CPU)
     epoch_batches(pipeline, 0)
-    next(iter(pipeline.on_device(pipeline.val_loader)))
+    next(iter(pipeline.val))
     workers = [child for child in psutil.Process().children() if child.pid not in before]
     assert len(workers) == 4  # two training and two validation workers, persistent
     gc.disable()
@@ -190,17 +190,17 @@ def test_resume_mid_epoch_gives_exactly_the_remaining_batches(tiny_dataset):
     cfg = data_cfg(tiny_dataset, "data.num_workers=2")
     whole = build_data(cfg, DistEnv(), CPU)
     reference = epoch_batches(whole, 0) + epoch_batches(whole, 1)
-    per_epoch = len(whole.train_loader)
+    per_epoch = len(whole.train)
     first = build_data(cfg, DistEnv(), CPU)
     first.set_epoch(1)
-    it = iter(first.train_loader)
+    it = iter(first.train)
     for _ in range(5):
         next(it)
-    state = first.train_loader.state_dict()
+    state = first.train.state_dict()
     assert (state["epoch"], state["batch"]) == (1, 5)
     resumed = build_data(cfg, DistEnv(), CPU)
     resumed.set_epoch(1)
-    resumed.train_loader.load_state_dict(state)
+    resumed.train.load_state_dict(state)
     assert same(epoch_batches(resumed, 1), reference[per_epoch + 5:])
 
 
@@ -256,8 +256,8 @@ def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoc
     keys = [(0, i) for i in range(len(dataset))]
     whole = dataset.__getitems__(keys)
     shuffled = dataset.__getitems__(keys[::-3])
-    for (image, target), (again, target2) in zip(whole[::-3], shuffled, strict=True):
-        assert torch.equal(image, again) and target == target2
+    for (image, target, index), (again, target2, index2) in zip(whole[::-3], shuffled, strict=True):
+        assert torch.equal(image, again) and target == target2 and index == index2
     assert torch.equal(dataset[(0, 7)][0], whole[7][0])
     flips = 0
     for index in range(0, len(dataset), 10):
@@ -306,13 +306,13 @@ def test_cache_stays_within_its_bound_and_is_filled_by_the_workers(tiny_dataset)
     cache = train.cache
     assert cache.nbytes <= bound and cache.capacity == bound // (3 * size * size + 1)
     pipeline = build_data(cfg, DistEnv(), CPU)
-    cache = pipeline.train_loader.loader.dataset.dataset.cache
+    cache = pipeline.train.loader.dataset.dataset.cache
     epoch0 = epoch_batches(pipeline, 0)
     assert len(cache) == cache.capacity  # the workers' writes are visible here: one slab, shared
     uncached = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=0"), DistEnv(), CPU), 0)
     assert same(epoch0, uncached)  # square images at the resize size: the same crops as decoding each time
     rerun = build_data(cfg, DistEnv(), CPU)
-    rerun.train_loader.loader.dataset.dataset.cache = cache  # a filled cache: hits give the same pixels
+    rerun.train.loader.dataset.dataset.cache = cache  # a filled cache: hits give the same pixels
     assert same(epoch_batches(rerun, 0), epoch0)
 
 
@@ -374,13 +374,13 @@ def test_decoded_jpeg_batches_travel_channels_last_and_reach_the_model_in_its_la
         cfg.data.prefetch_factor = None
         cfg.data.persistent_workers = False
     data = build_data(cfg, DistEnv(), CPU)
-    dataset = data.val_loader.dataset
-    host = next(iter(data.val_loader))
-    images = host[0]
+    dataset = data.val.loader.dataset
+    host = next(iter(data.val.loader))
+    images = host.images
     assert images.dtype == torch.uint8 and images.is_contiguous(memory_format=torch.channels_last)
     plain = torch.stack([dataset[i][0].contiguous() for i in range(images.shape[0])])
     assert torch.equal(images, plain)
-    on_device = next(iter(data.on_device(data.val_loader)))[0]
+    on_device = next(iter(data.val)).images
     layout = torch.channels_last if channels_last else torch.contiguous_format
     assert on_device.dtype == torch.float32 and on_device.is_contiguous(memory_format=layout)
     mean = torch.tensor(MEAN).view(1, 3, 1, 1) * 255
@@ -417,9 +417,9 @@ def test_beside_workers_cpu_batches_convert_on_one_thread_and_the_loop_keeps_its
     torch.set_num_threads(2)
     try:
         with build_data(data_cfg(tiny_dataset, f"data.num_workers={workers}"), DistEnv(), CPU) as data:
-            batches = iter(data.on_device(data.val_loader))
+            batches = iter(data.val)
             with ThreadsSeen() as seen:
-                images, *_ = next(batches)
+                images = next(batches).images
             assert images.dtype == torch.float32 and torch.get_num_threads() == 2
         assert seen.seen == ({1} if workers else {2})
     finally:

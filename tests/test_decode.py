@@ -17,12 +17,12 @@ from torchvision.transforms.v2 import functional as F
 
 from tests.conftest import ROOT, compose_config
 from train.data import build_data
+from train.data.batch import channels_innermost
 from train.data.datasets import ImageFolderDataset
 from train.data.decode import dct_scale, decode_image_file
 from train.data.packed import PackedDataset
 from train.data.synthetic import make_synthetic_imagefolder, render_photo
 from train.data.transforms import fit_square
-from train.data.workers import channels_innermost
 from train.dist import DistEnv
 
 CPU = torch.device("cpu")
@@ -98,7 +98,7 @@ def pipeline(root: Path, *extra: str):
 
 def batches(data, epoch: int = 1) -> list[torch.Tensor]:
     data.set_epoch(epoch)
-    return [images.clone() for images, *_ in data.train_loader]
+    return [batch.images.clone() for batch in data.train]
 
 
 @pytest.mark.slow
@@ -112,13 +112,13 @@ def test_scaled_decode_keeps_augmentation_a_function_of_seed_epoch_index_and_res
     assert all(psnr(a, b) >= 30 for a, b in zip(whole, full, strict=True))  # the same crops, the same pixels nearly
     first = pipeline(photos, "data.num_workers=2")
     first.set_epoch(1)
-    stream = iter(first.train_loader)
+    stream = iter(first.train)
     for _ in range(2):
         next(stream)
-    state = first.train_loader.state_dict()
+    state = first.train.state_dict()
     second = pipeline(photos, "data.num_workers=2")
     second.set_epoch(1)
-    second.train_loader.load_state_dict(state)
+    second.train.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(whole[2:], batches(second), strict=True))
 
 
@@ -126,7 +126,7 @@ def test_scaled_decode_keeps_augmentation_a_function_of_seed_epoch_index_and_res
 def test_the_sample_cache_fills_from_the_scaled_decode(photos):
     data = pipeline(photos, "data.num_workers=0", "data.persistent_workers=false", "data.cache_bytes=10000000")
     batches(data, epoch=0)
-    dataset = data.train_loader.loader.dataset.dataset  # EpochSeededDataset -> ImageFolderDataset
+    dataset = data.train.loader.dataset.dataset  # EpochSeededDataset -> ImageFolderDataset
     assert len(dataset.cache) == 20
     scaled = ImageFolderDataset(photos / "train", min_side=73)
     for index in (0, 7, 19):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, compose_config, free_port, read_metrics, wait_for
+from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, free_port, read_metrics, wait_for
 from train import checkpoint
 from train.data import build_data
 from train.data.datasets import build_datasets
@@ -40,7 +40,7 @@ def dist_dataset(tmp_path_factory) -> Path:
 def dist_args(root: Path) -> list[str]:
     return ["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=20", "data.num_workers=1",
             "data.persistent_workers=true", f"trainer.epochs={EPOCHS}", "trainer.checkpoint_every_steps=2",
-            "trainer.deterministic=true", "trainer.record_samples=true", "trainer.progress=false",
+            "trainer.deterministic=true", RECORD_SAMPLES, "trainer.progress=false",
             "model.name=resnet18"]
 
 
@@ -198,7 +198,7 @@ def test_restart_resumes_from_the_run_dir(tmp_path):
 def _pipeline(root: Path, workers: int, device: str = "cpu"):
     cfg = compose_config(["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=8",
                           f"data.num_workers={workers}", f"data.persistent_workers={str(workers > 0).lower()}",
-                          "trainer.record_samples=true"])
+                          RECORD_SAMPLES])
     return build_data(cfg, DistEnv(), torch.device(device))
 
 
@@ -211,18 +211,18 @@ def test_training_stream_resumes_mid_epoch_with_the_same_batches(tiny_dataset, w
     for pixel. On CUDA the prefetcher holds a batch ahead; the position must still be that of the 3 yielded."""
     first = _pipeline(tiny_dataset, workers, device)
     first.set_epoch(1)
-    batches = iter(first.train_loader)
+    batches = iter(first.train)
     for _ in range(3):
         next(batches)
-    state = first.train_loader.state_dict()
+    state = first.train.state_dict()
     rest = list(batches)
     second = _pipeline(tiny_dataset, workers, device)
     second.set_epoch(1)
-    second.train_loader.load_state_dict(state)
-    resumed = list(second.train_loader)
-    assert len(resumed) == len(rest) == len(first.train_loader) - 3
-    for (images, _, _, idx), (images2, _, _, idx2) in zip(rest, resumed, strict=True):
-        assert torch.equal(idx, idx2) and torch.equal(images, images2)
+    second.train.load_state_dict(state)
+    resumed = list(second.train)
+    assert len(resumed) == len(rest) == len(first.train) - 3
+    for a, b in zip(rest, resumed, strict=True):
+        assert torch.equal(a.indices, b.indices) and torch.equal(a.images, b.images)
 
 
 def test_augmentation_is_a_function_of_seed_epoch_and_index(tiny_dataset):

@@ -27,16 +27,16 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.conftest import ROOT, compose_config, run_cli
 from train.config import ConfigError, validate
 from train.dist import DistEnv
-from train.meters import EpochMeter
-from train.monitoring import MemorySampler, Monitor, PrometheusSink, TensorBoardSink
+from train.metrics import EpochMeter, MemorySampler
+from train.monitoring import Monitor, PrometheusSink, TensorBoardSink
 
 MONITORING = ROOT / "monitoring"
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "loadout.json"
 PROMETHEUS_YML = MONITORING / "prometheus" / "prometheus.yml"
-STEP_TAGS = {"train/loss", "train/images_per_s", "train/data_wait_frac", "memory/main_rss_mb",
-             "memory/workers_rss_mb", "memory/peak_rss_mb", "loader/workers"}
+STEP_TAGS = {"train/loss", "train/images_per_s", "train/data_wait_frac", "memory/main_pss_mb",
+             "memory/workers_pss_mb", "memory/workers_uss_mb", "memory/peak_pss_mb", "loader/workers"}
 EPOCH_TAGS = {"epoch/train_loss", "epoch/val_acc", "epoch/images_per_s", "epoch/data_wait_frac",
-              "epoch/first_batch_s", "epoch/peak_rss_mb"}
+              "epoch/first_batch_s", "epoch/peak_pss_mb"}
 
 
 def free_port() -> int:
@@ -118,13 +118,13 @@ def test_monitor_with_real_workers_serves_and_writes(tmp_path):
     finally:
         monitor.close()
     # Children of the test process: this loader's 2 workers, plus any an earlier test left behind.
-    workers = mid["loadout_worker_rss_bytes"]
+    workers = mid["loadout_worker_pss_bytes"]
     assert value(mid, "loadout_workers") >= 2 and loader_pids <= {s.labels["pid"] for s in workers}
     assert all(s.value > 1e6 for s in workers)
     assert value(mid, "loadout_step") == 4 and value(mid, "loadout_images_total") == 32
     assert value(mid, "loadout_train_loss") == pytest.approx(2.0)
     assert 0.0 <= value(mid, "loadout_data_wait_ratio") <= 1.0
-    assert value(mid, "loadout_peak_rss_bytes") >= value(mid, "loadout_main_rss_bytes") > 1e7
+    assert value(mid, "loadout_peak_pss_bytes") >= value(mid, "loadout_main_pss_bytes") > 1e7
     assert value(mid, "loadout_val_accuracy") is None, "no fake zero before the first epoch ends"
     assert value(end, "loadout_images_total") == 64 and value(end, "loadout_val_accuracy") == 0.25
     assert all(s.labels["rank"] == "0" for samples in end.values() for s in samples)
@@ -152,7 +152,7 @@ def test_dashboard_and_prometheus_config_parse_and_name_served_metrics(tmp_path)
     dash = json.loads(DASHBOARD.read_text())
     assert all(p["datasource"]["uid"] == uid for p in dash["panels"])
     exprs = " ".join(dashboard_exprs())
-    for needed in ("rate(loadout_images_total", "loadout_data_wait_seconds_total", "loadout_worker_rss_bytes",
+    for needed in ("rate(loadout_images_total", "loadout_data_wait_seconds_total", "loadout_worker_pss_bytes",
                    "loadout_shm_used_bytes"):
         assert needed in exprs, needed
     # Every loadout_* name the dashboard asks for is one the exporter serves (with a CUDA-only pair allowed).
@@ -251,8 +251,8 @@ def test_endpoint_is_live_while_training(live_run):
     assert math.isfinite(value(seen, "loadout_train_loss"))
     assert value(seen, "loadout_first_batch_seconds") > 0
     assert value(seen, "loadout_workers") in (2, 4) and value(seen, "loadout_workers") == len(
-        seen["loadout_worker_rss_bytes"])
-    assert all(s.value > 1e6 for s in seen["loadout_worker_rss_bytes"])
+        seen["loadout_worker_pss_bytes"])
+    assert all(s.value > 1e6 for s in seen["loadout_worker_pss_bytes"])
 
 
 @pytest.mark.slow

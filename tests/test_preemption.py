@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, epoch_samples, read_metrics, run_cli, wait_for
+from tests.conftest import RECORD_SAMPLES, ROOT, epoch_samples, read_metrics, run_cli, wait_for
 from train import checkpoint
 
 STEPS_PER_EPOCH = 15  # tiny_dataset: 240 training images / batch 16
@@ -23,7 +23,7 @@ STEPS_PER_EPOCH = 15  # tiny_dataset: 240 training images / batch 16
 
 def args(root: Path, run_dir: Path, *extra: str) -> list[str]:
     return ["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=16", "data.num_workers=2",
-            "trainer.epochs=2", "trainer.deterministic=true", "trainer.record_samples=true", "trainer.progress=false",
+            "trainer.epochs=2", "trainer.deterministic=true", RECORD_SAMPLES, "trainer.progress=false",
             f"hydra.run.dir={run_dir}", *extra]
 
 

@@ -1,19 +1,22 @@
-"""The shared-memory batch ring (train/data/ring.py): the same batches as the plain collate, never aliased."""
+"""The shared-memory batch ring (train/data/ring.py): the same batches as the plain collate, never aliased, and a
+slot is never rewritten before its batch was received, whatever DataLoader does."""
 
 from __future__ import annotations
 
 import pickle
 import resource
+import time
 
 import pytest
 import torch
 from torch.utils.data import Dataset, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from train.data.batch import Batch, collate
 from train.data.resumable import EpochSeededDataset
 from train.data.ring import ShmRing, build_collate
+from train.data.shm import RING_SPARE_SLOTS
 from train.data.stream import EpochBatchSampler
-from train.data.workers import collate_skipping_bad
 
 SIZE, BATCH, EPOCHS = 8, 6, 3
 
@@ -31,10 +34,11 @@ class Pixels(Dataset):
         return base ^ index, index % 5
 
 
-def loader(collate, *, workers: int = 2, in_order: bool = True, context=None, epochs: int = EPOCHS):
+def loader(collate, *, workers: int = 2, in_order: bool = True, context=None, epochs: int = EPOCHS,
+           prefetch: int = 2):
     batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, epochs)
-    return StatefulDataLoader(EpochSeededDataset(Pixels(), seed=3, with_index=True), batch_sampler=batches,
-                              collate_fn=collate, num_workers=workers, prefetch_factor=2 if workers else None,
+    return StatefulDataLoader(EpochSeededDataset(Pixels(), seed=3), batch_sampler=batches,
+                              collate_fn=collate, num_workers=workers, prefetch_factor=prefetch if workers else None,
                               persistent_workers=workers > 0, in_order=in_order, multiprocessing_context=context)
 
 
@@ -42,27 +46,26 @@ def ring(slots: int = 2) -> ShmRing:
     return ShmRing(2, slots, (BATCH, 3, SIZE, SIZE), torch.uint8)
 
 
-def expected() -> list[tuple]:
-    return list(loader(collate_skipping_bad, workers=0))
+def expected() -> list[Batch]:
+    return list(loader(collate, workers=0))
 
 
-def assert_same(got: list[tuple], want: list[tuple]) -> None:
+def assert_same(got: list[Batch], want: list[Batch]) -> None:
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
-        assert len(a) == len(b) == 4  # images, targets, bad count, indices
-        for x, y in zip(a, b, strict=True):
-            if isinstance(y, torch.Tensor):
-                assert isinstance(x, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
-            else:
-                assert x == y
+        assert a.bad == b.bad
+        for x, y in ((a.images, b.images), (a.targets, b.targets), (a.indices, b.indices)):
+            assert isinstance(x, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
 
 
 def test_ring_batches_equal_plain_batches_over_epochs_with_slots_reused():
     want = expected()
-    assert len(want) == EPOCHS * 8 and sum(b[2] for b in want) > 0 and want[7][0].shape[0] < BATCH
-    # slots = prefetch_factor, the least the ring's reasoning allows: each slot rewritten every other batch
-    assert_same(list(loader(ring(slots=2))), want)
-    assert_same(list(loader(collate_skipping_bad)), want)
+    assert len(want) == EPOCHS * 8 and sum(b.bad for b in want) > 0 and len(want[7]) < BATCH
+    # slots = prefetch_factor, the least DataLoader's bound allows: each slot rewritten every other batch
+    tight = ring(slots=2)
+    assert_same(list(loader(tight)), want)
+    assert int(tight.overruns) == 0
+    assert_same(list(loader(collate)), want)
 
 
 class HwcPixels(Pixels):
@@ -76,13 +79,13 @@ class HwcPixels(Pixels):
 def test_hwc_images_go_through_the_ring_as_channels_last_batches_of_the_same_values():
     def hwc_loader(collate, workers: int = 2):
         batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, 1)
-        return StatefulDataLoader(EpochSeededDataset(HwcPixels(), seed=3, with_index=True), batch_sampler=batches,
+        return StatefulDataLoader(EpochSeededDataset(HwcPixels(), seed=3), batch_sampler=batches,
                                   collate_fn=collate, num_workers=workers, prefetch_factor=2 if workers else None)
 
-    got, plain = list(hwc_loader(ring(slots=2))), list(hwc_loader(collate_skipping_bad, workers=0))
+    got, plain = list(hwc_loader(ring(slots=2))), list(hwc_loader(collate, workers=0))
     assert_same(got, expected()[:8])
     assert_same(plain, expected()[:8])
-    assert all(b[0].is_contiguous(memory_format=torch.channels_last) for b in got + plain)
+    assert all(b.images.is_contiguous(memory_format=torch.channels_last) for b in got + plain)
 
 
 def test_a_consumer_holding_every_batch_sees_its_own_values():
@@ -90,24 +93,57 @@ def test_a_consumer_holding_every_batch_sees_its_own_values():
     for batch in loader(ring(slots=2)):
         held.append(batch)  # never freed: a batch aliasing its slot would show a later batch's pixels
     assert_same(held, expected())
-    assert len({b[0].data_ptr() for b in held}) == len(held)
+    assert len({b.images.data_ptr() for b in held}) == len(held)
 
 
 def test_out_of_order_batches_are_the_same_batches():
     def keys(batches):
-        return sorted((b[3].tolist(), b[1].tolist(), b[2], b[0].numpy().tobytes()) for b in batches)
+        return sorted((b.indices.tolist(), b.targets.tolist(), b.bad, b.images.numpy().tobytes()) for b in batches)
 
-    assert keys(loader(ring(slots=2), in_order=False)) == keys(expected())
+    unordered = ring(slots=2)
+    assert keys(loader(unordered, in_order=False)) == keys(expected())
+    assert int(unordered.overruns) == 0
 
 
 def test_resume_from_a_loader_state_gives_the_rest_through_the_ring():
-    first = loader(ring())
+    rings = ring(), ring()
+    first = loader(rings[0])
     it = iter(first)
     head = [next(it) for _ in range(11)]
     state = first.state_dict()
-    second = loader(ring())
+    second = loader(rings[1])
     second.load_state_dict(state)
     assert_same(head + list(second), expected())
+    assert [int(r.overruns) for r in rings] == [0, 0]
+
+
+def slow(batches, pause_s: float = 0.5):
+    """The batches, the consumer pausing after the first and every 8th: workers run as far ahead as DataLoader
+    lets them."""
+    for index, batch in enumerate(batches):
+        if index % 8 == 0:
+            time.sleep(pause_s)
+        yield batch
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_dataloader_keeps_at_most_prefetch_factor_batches_per_worker_outstanding(in_order):
+    """The bound the ring's slot count rests on (private DataLoader behaviour): with a slow consumer and workers
+    running ahead, no worker ever finds its next slot unreceived. The day torch or torchdata changes it, this
+    fails (the ring itself stays correct: see the next test)."""
+    for prefetch in (1, 3):
+        r = ShmRing(2, prefetch + RING_SPARE_SLOTS, (BATCH, 3, SIZE, SIZE), torch.uint8)
+        got = list(slow(loader(r, in_order=in_order, prefetch=prefetch)))
+        assert len(got) == len(expected())
+        assert int(r.overruns) == 0, f"prefetch_factor={prefetch}: {int(r.overruns)} batches found their slot busy"
+
+
+def test_a_slot_whose_batch_was_not_received_is_never_overwritten():
+    """Too few slots for the loader's prefetch (1 slot, 4 batches ahead per worker): workers find their slot
+    busy, take the plain collate for those batches, and every batch is still right."""
+    r = ring(slots=1)
+    assert_same(list(slow(loader(r, prefetch=4))), expected())
+    assert int(r.overruns) > 0
 
 
 @pytest.mark.slow
@@ -119,8 +155,8 @@ def test_batches_that_do_not_fit_and_the_main_process_use_the_plain_collate():
     small = ShmRing(2, 2, (BATCH, 3, SIZE // 2, SIZE // 2), torch.uint8)
     assert_same(list(loader(small, epochs=1)), expected()[:8])
     sample = [(torch.zeros(3, SIZE, SIZE, dtype=torch.uint8), 1)]
-    images, targets, bad = ring()(sample)  # outside a worker
-    assert images.shape == (1, 3, SIZE, SIZE) and targets.tolist() == [1] and bad == 0
+    batch = ring()(sample)  # outside a worker
+    assert batch.images.shape == (1, 3, SIZE, SIZE) and batch.targets.tolist() == [1] and batch.bad == 0
 
 
 class FaultCounting:
@@ -146,11 +182,12 @@ def test_workers_write_each_batch_once_into_a_slot_they_already_mapped():
             return torch.full((3, 96, 96), index % 256, dtype=torch.uint8), index
 
     slots = 2
-    collate = FaultCounting(ShmRing(1, slots, (8, 3, 96, 96), torch.uint8))
-    batches = StatefulDataLoader(Big(), batch_size=8, collate_fn=collate, num_workers=1, prefetch_factor=slots)
+    counting = FaultCounting(ShmRing(1, slots, (8, 3, 96, 96), torch.uint8))
+    batches = StatefulDataLoader(Big(), batch_size=8, collate_fn=counting, num_workers=1, prefetch_factor=slots)
     faults = []
-    for index, ((images, targets, bad), count) in enumerate(batches):
-        assert torch.equal(images[:, 0, 0, 0], (targets % 256).to(torch.uint8)) and bad == 0
+    for index, (batch, count) in enumerate(batches):
+        images, targets = batch.images, batch.targets
+        assert torch.equal(images[:, 0, 0, 0], (targets % 256).to(torch.uint8)) and batch.bad == 0
         assert targets.tolist() == list(range(8 * index, 8 * index + 8))
         faults.append(count)
     page_count = 8 * 3 * 96 * 96 // resource.getpagesize()
@@ -162,11 +199,11 @@ def test_build_collate_sizes_the_ring_from_the_config():
     class Cfg:
         device_transforms, batch_size, image_size = False, 4, 16
 
-    assert build_collate(Cfg, {"num_workers": 0}) is collate_skipping_bad
-    collate = build_collate(Cfg, {"num_workers": 3, "prefetch_factor": None, "pin_memory": False})
-    assert collate.buffers.shape == (3, 4, 4, 3, 16, 16) and collate.buffers.dtype == torch.float32
-    assert collate.buffers.is_shared()
-    assert pickle.loads(pickle.dumps(collate)).token == collate.token
+    assert build_collate(Cfg, {"num_workers": 0}) is collate
+    built = build_collate(Cfg, {"num_workers": 3, "prefetch_factor": None, "pin_memory": False})
+    assert built.buffers.shape == (3, 4, 4, 3, 16, 16) and built.buffers.dtype == torch.float32
+    assert built.buffers.is_shared()
+    assert pickle.loads(pickle.dumps(built)).token == built.token
 
 
 @pytest.mark.parametrize("workers", [2])

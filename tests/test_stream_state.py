@@ -6,6 +6,7 @@ remaining batches; the checkpoint's loader state is a StatefulDataLoader state t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -28,15 +29,15 @@ CPU = torch.device("cpu")
 def pipeline(root: Path, workers: int, *extra: str):
     cfg = compose_config(["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=16",
                           f"data.num_workers={workers}", f"data.persistent_workers={str(workers > 0).lower()}",
-                          "trainer.epochs=2", "trainer.record_samples=true", *extra])
+                          "trainer.epochs=2", *extra])
     return build_data(cfg, DistEnv(), CPU)
 
 
 def one_ahead(stream) -> None:
     """Make `stream` draw as the CUDA DevicePrefetcher does on CPU too: batch n+1 leaves the loader before batch n
     reaches the loop."""
-    device_batches = stream.open_batches
-    stream.open_batches = lambda batches: _one_ahead(device_batches(batches))
+    device_batches = stream.to_device
+    stream.to_device = lambda batches: _one_ahead(device_batches(batches))
 
 
 def _one_ahead(batches: Iterable) -> Iterator:
@@ -44,7 +45,7 @@ def _one_ahead(batches: Iterable) -> Iterator:
     for batch in batches:
         if pending is not None:
             yield pending
-        pending = tuple(x.clone() if torch.is_tensor(x) else x for x in batch)
+        pending = dataclasses.replace(batch, images=batch.images.clone())
     if pending is not None:
         yield pending
 
@@ -53,7 +54,7 @@ def drain(stream, epochs: range) -> list:
     out = []
     for epoch in epochs:
         stream.set_epoch(epoch)
-        out += [tuple(x.clone() for x in batch[:2]) + (batch[3].clone(),) for batch in stream]
+        out += [(batch.images.clone(), batch.targets.clone(), batch.indices.clone()) for batch in stream]
     return out
 
 
@@ -65,9 +66,9 @@ def same(got: list, want: list) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [4, 15])  # mid-epoch 0; the last batch of epoch 0 (epoch 1's batches in flight)
 def test_state_taken_with_batches_in_flight_resumes_with_exactly_the_rest(tiny_dataset, stop):
-    reference = drain(pipeline(tiny_dataset, 2).train_loader, range(2))
+    reference = drain(pipeline(tiny_dataset, 2).train, range(2))
     per_epoch = len(reference) // 2
-    first = pipeline(tiny_dataset, 2, "data.prefetch_factor=2").train_loader
+    first = pipeline(tiny_dataset, 2, "data.prefetch_factor=2").train
     one_ahead(first)
     first.set_epoch(0)
     seen = 0
@@ -82,7 +83,7 @@ def test_state_taken_with_batches_in_flight_resumes_with_exactly_the_rest(tiny_d
     assert sampler_state == {"epoch": state["epoch"], "batch": state["batch"]}, "the loader's state is the stream's"
     first.close()
 
-    resumed = pipeline(tiny_dataset, 2, "data.prefetch_factor=2").train_loader
+    resumed = pipeline(tiny_dataset, 2, "data.prefetch_factor=2").train
     one_ahead(resumed)
     resumed.set_epoch(state["epoch"])
     resumed.load_state_dict(state)
@@ -91,8 +92,8 @@ def test_state_taken_with_batches_in_flight_resumes_with_exactly_the_rest(tiny_d
 
 
 def test_loader_state_for_other_worker_counts_and_old_checkpoints_resume_by_position(tiny_dataset):
-    reference = drain(pipeline(tiny_dataset, 0).train_loader, range(2))
-    first = pipeline(tiny_dataset, 2).train_loader
+    reference = drain(pipeline(tiny_dataset, 0).train, range(2))
+    first = pipeline(tiny_dataset, 2).train
     first.set_epoch(0)
     for seen, _ in enumerate(first, start=1):
         if seen == 5:
@@ -100,7 +101,7 @@ def test_loader_state_for_other_worker_counts_and_old_checkpoints_resume_by_posi
     state = first.state_dict()
     first.close()
     for loaded in (state, {"epoch": state["epoch"], "batch": state["batch"]}):  # 2-worker state into 0 workers
-        resumed = pipeline(tiny_dataset, 0).train_loader
+        resumed = pipeline(tiny_dataset, 0).train
         resumed.load_state_dict(loaded)
         assert resumed.loader.next_iter_state is None
         assert same(drain(resumed, range(2)), reference[5:])
@@ -135,7 +136,7 @@ def test_checkpoint_holds_the_stateful_dataloader_state_and_resume_restores_it(t
     training loader; a trainer resuming from it hands that state to its StatefulDataLoader and trains the rest."""
     overrides = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                  "data.num_workers=2", "data.persistent_workers=true", "data.prefetch_factor=2", "trainer.epochs=2",
-                 "trainer.checkpoint_every_steps=3", "trainer.max_steps=4", "trainer.record_samples=true",
+                 "trainer.checkpoint_every_steps=3", "trainer.max_steps=4",
                  "trainer.progress=false", "model.name=resnet18"]
     cfg = compose_config(overrides)
 
@@ -146,7 +147,7 @@ def test_checkpoint_holds_the_stateful_dataloader_state_and_resume_restores_it(t
     first = trainer(tmp_path / "a")
     first.train_epoch()  # stops after step 4 (max_steps); the checkpoint is from step 3
     state = checkpoint.load(first.checkpoint_path, CPU)
-    first.data.train_loader.close()
+    first.data.train.close()
     assert state["progress"]["batch_in_epoch"] == 3
     assert len(state["loader"]["ranks"]) == 1  # one stream state per rank
     saved = state["loader"]["ranks"][0]
@@ -158,8 +159,8 @@ def test_checkpoint_holds_the_stateful_dataloader_state_and_resume_restores_it(t
 
     second = trainer(tmp_path / "b")
     second.resume(first.checkpoint_path)
-    assert second.data.train_loader.loader.next_iter_state == loader_state
-    rest = [batch[3].tolist() for batch in second.data.train_loader]
-    whole = pipeline(tiny_dataset, 2, "data.prefetch_factor=2").train_loader
+    assert second.data.train.loader.next_iter_state == loader_state
+    rest = [batch.indices.tolist() for batch in second.data.train]
+    whole = pipeline(tiny_dataset, 2, "data.prefetch_factor=2").train
     whole.set_epoch(0)
-    assert rest == [batch[3].tolist() for batch in whole][3:]
+    assert rest == [batch.indices.tolist() for batch in whole][3:]

@@ -8,7 +8,7 @@ import yaml
 from tests.conftest import read_metrics, run_cli
 
 FIELDS = ("epoch", "train_loss", "val_loss", "val_acc", "images_per_s", "data_wait_frac", "first_batch_s", "epoch_s",
-          "peak_rss_mb", "bad_samples")
+          "peak_pss_mb", "bad_samples")
 
 
 @pytest.mark.slow
@@ -24,7 +24,7 @@ def test_two_epochs_with_persistent_workers_learn_and_write_metrics(learn_datase
         for field in FIELDS:
             assert field in record, field
         assert record["images_per_s"] > 0 and 0 <= record["data_wait_frac"] < 1
-        assert record["first_batch_s"] > 0 and record["peak_rss_mb"] > 100
+        assert record["first_batch_s"] > 0 and record["peak_pss_mb"] > 100
     assert records[-1]["val_acc"] > 0.3, records  # 10 classes: chance is 0.1
     assert records[-1]["val_samples"] == 200
     resolved = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())

@@ -57,4 +57,4 @@ def test_micro_batches_short_of_an_accumulation_never_reach_the_next_epoch(tiny_
     trainer = Trainer(cfg, DistEnv(), cpu, data, build_model(cfg.model.name, data.num_classes, cpu), tmp_path)
     record = trainer.train_epoch()
     assert record["images"] == 15 * 16 and trainer.progress.step == 7
-    assert all(p.grad is None for p in trainer.model.parameters())
+    assert all(p.grad is None for p in trainer.step.model.parameters())

@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF, compose_config, read_metrics, run_cli
 from train.config import ConfigError
-from train.tune import RESULT_FILE, find_duplicate, measured_config
-from train.tune_config import check_sweep, default_sweep, expand_sweep, register_tune
-from train.tune_profile import pick_best
-from train.tune_report import swept_elsewhere, table
+from train.tune.config import check_sweep, default_sweep, expand_sweep, register_tune
+from train.tune.measure import RESULT_FILE, find_duplicate, measured_config
+from train.tune.profile import pick_best
+from train.tune.report import swept_elsewhere, table
 
 TINY = ["hardware=cpu", "data.image_size=32", "data.batch_size=16", "trainer.progress=false",
         "tune.repeats=3", "tune.warmup_batches=1", "tune.batches=3"]
@@ -52,7 +52,7 @@ def test_sweep_writes_table_csv_json_and_plot(sweep):
     for row in rows:
         assert float(row["images_per_s"]) > 0
         assert len(row["first_batch_s"].split()) == 3  # one latency per epoch
-        assert float(row["peak_rss_mb"]) > 0
+        assert float(row["peak_pss_mb"]) > 0
 
     report = json.loads((sweep["dir"] / "results.json").read_text())
     assert report["machine"]["usable_cores"] >= 1 and report["machine"]["torch"] == torch.__version__
@@ -135,7 +135,7 @@ def test_with_model_reports_data_stall(tiny_dataset, tmp_path):
 
 
 def _result(job: int, images_per_s: float, rss: float) -> dict:
-    return {"job": job, "status": "ok", "images_per_s": images_per_s, "peak_rss_mb": rss}
+    return {"job": job, "status": "ok", "images_per_s": images_per_s, "peak_pss_mb": rss}
 
 
 def test_pick_best_respects_budget_and_prefers_less_memory_when_as_fast():
@@ -185,6 +185,6 @@ def test_expand_sweep_is_the_cartesian_product():
 
 
 def test_profile_path_default_is_in_the_config_tree():
-    from train.tune_profile import DEFAULT_PROFILE
+    from train.tune.profile import DEFAULT_PROFILE
 
     assert Path(__file__).resolve().parents[1] / "conf" / "hardware" / "local.yaml" == DEFAULT_PROFILE

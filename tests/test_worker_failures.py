@@ -111,7 +111,7 @@ def test_workers_outlive_stop_signals_from_outside_and_end_with_the_pipeline(tin
     others = {child.pid for child in psutil.Process().children()}  # earlier tests' processes, if any
     data = build_data(cfg, DistEnv(), torch.device("cpu"))
     data.set_epoch(0)
-    batches = iter(data.train_loader)
+    batches = iter(data.train)
     next(batches)
     workers = [child for child in psutil.Process().children() if child.pid not in others]
     assert len(workers) == 2
@@ -119,7 +119,7 @@ def test_workers_outlive_stop_signals_from_outside_and_end_with_the_pipeline(tin
         subprocess.run(["kill", f"-{sig}", *(str(worker.pid) for worker in workers)], check=True)
     time.sleep(0.5)
     assert all(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
-    assert len(list(batches)) == len(data.train_loader) - 1  # the rest of the epoch, nothing lost
+    assert len(list(batches)) == len(data.train) - 1  # the rest of the epoch, nothing lost
     data.close()
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive

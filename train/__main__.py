@@ -15,7 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from train.config import ConfigError, register, validate
+from train.config import ConfigError, drop_worker_knobs, register, validate
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
 from train.stop import RESUMABLE_EXIT, Stopped, StopSignal
@@ -28,6 +28,7 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     """Build everything from a validated config and train; returns the per-epoch records. Raises `Stopped` when
     `stop` (installed by the caller) saw a signal: the checkpoint is written and the workers have ended."""
     from train import checkpoint, dist
+    from train.config import instantiate
     from train.data import build_data
     from train.data.loader import plan_num_workers
     from train.engine import Trainer
@@ -35,17 +36,20 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     from train.monitoring import Monitor
 
     env = DistEnv.from_env()
+    for key in drop_worker_knobs(cfg, typed=command_line_keys()):
+        log.info("%s: off, as data.num_workers=0 starts no workers", key)
     validate(cfg)
     cfg.data.num_workers = plan_num_workers(cfg.data.num_workers, env.local_world_size,
                                             typed="data.num_workers" in command_line_keys())
     device = dist.select_device(cfg.trainer.device, env)
     dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)
+    callbacks = [instantiate(f"callbacks.{name}", spec) for name, spec in cfg.callbacks.items()]
     monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken metrics port fails before any worker
     try:
         with build_data(cfg, env, device) as data:  # its workers end with the run (a multirun's next job starts)
             dist.init_process_group(env, device)
             model = build_model(cfg.model.name, data.num_classes, device, channels_last=cfg.trainer.channels_last)
-            trainer = Trainer(cfg, env, device, data, model, run_dir, monitor, stop)
+            trainer = Trainer(cfg, env, device, data, model, run_dir, monitor, stop, callbacks)
             # torchrun restarted the group: continue this run dir. Any rank's count: across nodes only the agent
             # whose process died counts a restart; the others restart theirs for the new rendezvous round.
             restarted = dist.any_rank(env.restart_count) > 0

@@ -1,22 +1,31 @@
-"""Checkpoints written atomically (temporary file + fsync + rename) and found again for trainer.resume=auto.
+"""Checkpoints: one dict of Stateful parts, versioned, written atomically (temporary file + fsync + rename), found
+again for trainer.resume=auto.
 
-A checkpoint holds the model, optimizer, scheduler, scaler, the run's progress and the training loader's
-StatefulDataLoader state, so a run resumed mid-epoch trains exactly the batches it had not trained yet.
+The Trainer hands over its parts by name (model, optimizer, scheduler, scaler, progress, loader: every rank's
+StatefulDataLoader position), as torchtitan's checkpointer keeps one dict of Stateful objects; the file holds
+each part's `state_dict()` and the format version, and a file of another format is refused in one line.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 import torch
 
-LAST = "last.pt"
+from train.config import ConfigError
 
+LAST = "last.pt"
+FORMAT = 2  # 2: Stateful parts by name + "format"
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -34,8 +43,9 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         raise
 
 
-def save_atomic(state: dict, path: Path) -> None:
-    """torch.save, never half a file."""
+def save(parts: dict[str, Stateful], path: Path) -> None:
+    """Each part's state_dict() with the format version, through torch.save, never half a file."""
+    state = {"format": FORMAT, **{name: part.state_dict() for name, part in parts.items()}}
     write_atomic(path, lambda f: torch.save(state, f))
 
 
@@ -60,38 +70,14 @@ def find_resume_path(resume: str | None, run_dir: Path, restarted: bool = False)
 
 
 def load(path: Path, device: torch.device) -> dict:
-    return torch.load(path, map_location=device, weights_only=False)
-
-
-class SampleLog:
-    """Debug hook (trainer.record_samples): the sample indices this rank trained, batch by batch, per epoch.
-
-    Written to samples/epoch<E>_rank<R>.json beside every checkpoint (before it, so a checkpoint is never
-    newer than the log) and cut back to the checkpoint's position on resume: the files describe exactly what
-    the surviving run trained, restarts included.
-    """
-
-    def __init__(self, run_dir: Path, rank: int):
-        self.dir = run_dir / "samples"
-        self.rank = rank
-        self.epoch = 0
-        self.batches: list[list[int]] = []
-
-    def path(self, epoch: int) -> Path:
-        return self.dir / f"epoch{epoch:03d}_rank{self.rank}.json"
-
-    def start(self, epoch: int, batches_done: int) -> None:
-        """Begin `epoch` with its first `batches_done` batches already trained (read back from the file)."""
-        self.epoch, self.batches = epoch, []
-        if batches_done:
-            recorded = json.loads(self.path(epoch).read_text())["batches"]
-            if len(recorded) < batches_done:
-                raise RuntimeError(f"{self.path(epoch)}: {len(recorded)} batches, checkpoint {batches_done}")
-            self.batches = recorded[:batches_done]
-
-    def add(self, indices: torch.Tensor | None) -> None:
-        self.batches.append([] if indices is None else indices.tolist())
-
-    def write(self) -> None:
-        text = json.dumps({"epoch": self.epoch, "rank": self.rank, "batches": self.batches}).encode()
-        write_atomic(self.path(self.epoch), lambda f: f.write(text))
+    """The saved states by part name; a file that is not a loadout checkpoint of this format fails in one line."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+    except Exception as err:  # a truncated or foreign file: torch raises several types
+        raise ConfigError(f"trainer.resume: {path} is not a readable checkpoint ({err}): point it at a last.pt or "
+                          "best.pt, or use trainer.resume=null to start over") from err
+    found = state.get("format") if isinstance(state, dict) else None
+    if found != FORMAT:
+        raise ConfigError(f"trainer.resume: {path} has checkpoint format {found}, this loadout reads format "
+                          f"{FORMAT}: finish that run with the loadout that wrote it, or use trainer.resume=null")
+    return state

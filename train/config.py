@@ -20,6 +20,15 @@ SAMPLERS = ("auto", "random", "sequential", "weighted", "distributed")
 MP_CONTEXTS = (None, "fork", "spawn", "forkserver")
 
 
+# DataLoader knobs that mean something only with workers, and the values that leave each off (the first is set).
+WORKER_ONLY_KNOBS: dict[str, tuple] = {
+    "prefetch_factor": (None,),
+    "persistent_workers": (False,),
+    "timeout": (None, 0),
+    "multiprocessing_context": (None,),
+}
+
+
 class ConfigError(ValueError):
     """A bad setting: the message names the key and the fix."""
 
@@ -76,7 +85,6 @@ class TrainerConfig:
     deterministic: bool = False
     resume: str | None = None  # auto | path to a checkpoint | null; a torchrun restart always continues its run dir
     checkpoint_every_steps: int | None = None  # also saves the data loader's mid-epoch position
-    record_samples: bool = False  # debug: each rank's trained sample indices per epoch -> <run dir>/samples/
     progress: bool = True
     tensorboard: bool = True  # scalars in the run dir (rank 0): `make tensorboard`
     metrics_port: int | None = None  # Prometheus /metrics on this port + LOCAL_RANK; null = off
@@ -88,6 +96,8 @@ class LoadoutConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # name -> {_target_: importable class, its arguments}: objects the Trainer calls back (train/engine.py)
+    callbacks: dict[str, Any] = field(default_factory=dict)
 
 
 def _if_cuda(on_cuda: Any, otherwise: Any) -> Any:
@@ -113,9 +123,26 @@ def register() -> None:
         OmegaConf.register_new_resolver("run_dir_name", _run_dir_name, use_cache=True)
 
 
+def drop_worker_knobs(cfg: Any, typed: set[str] = frozenset()) -> list[str]:
+    """With data.num_workers=0 the worker-only knobs mean nothing: those not `typed` on the command line (a
+    profile's, a sweep's) are turned off, so `hardware=a100 data.num_workers=0` works. Returns the keys changed."""
+    changed = []
+    if cfg.data.num_workers != 0:
+        return changed
+    for key, off in WORKER_ONLY_KNOBS.items():
+        if cfg.data[key] not in off and f"data.{key}" not in typed:
+            cfg.data[key] = off[0]
+            changed.append(f"data.{key}")
+    return changed
+
+
+def shown(value: Any) -> str:
+    """A value as it is typed on the command line: null, true, 'text', 2."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+
+
 def _fail(key: str, value: Any, fix: str) -> None:
-    shown = str(value).lower() if isinstance(value, bool) or value is None else repr(value)
-    raise ConfigError(f"{key}={shown}: {fix}")
+    raise ConfigError(f"{key}={shown(value)}: {fix}")
 
 
 def validate(cfg: Any) -> None:
@@ -147,18 +174,10 @@ def validate(cfg: Any) -> None:
         _fail("data.num_workers", nw, "use an integer >= 0 or auto")
     if data.prefetch_factor is not None and data.prefetch_factor < 1:
         _fail("data.prefetch_factor", data.prefetch_factor, "use an integer >= 1 or null")
-    if nw == 0:
-        if data.prefetch_factor is not None:
-            _fail("data.prefetch_factor", data.prefetch_factor,
-                  "only valid with data.num_workers > 0: set data.prefetch_factor=null or raise data.num_workers")
-        if data.persistent_workers:
-            _fail("data.persistent_workers", True,
-                  "only valid with data.num_workers > 0: set data.persistent_workers=false or raise data.num_workers")
-        if data.timeout:
-            _fail("data.timeout", data.timeout, "only valid with data.num_workers > 0: set data.timeout=0")
-        if data.multiprocessing_context is not None:
-            _fail("data.multiprocessing_context", data.multiprocessing_context,
-                  "only valid with data.num_workers > 0: set data.multiprocessing_context=null")
+    for key, off in WORKER_ONLY_KNOBS.items():
+        if nw == 0 and data[key] not in off:
+            _fail(f"data.{key}", data[key], f"only valid with data.num_workers > 0: set data.{key}={shown(off[0])} "
+                  "or raise data.num_workers")
     for key in ("epochs", "grad_accum_steps"):
         if getattr(trainer, key) < 1:
             _fail(f"trainer.{key}", getattr(trainer, key), "use a positive integer")
@@ -178,3 +197,17 @@ def validate(cfg: Any) -> None:
         _fail("trainer.device", trainer.device, "CUDA is not available here: use trainer.device=auto or cpu")
     if trainer.resume not in (None, "auto") and not Path(trainer.resume).is_file():
         _fail("trainer.resume", trainer.resume, "no such checkpoint file: use auto, null, or a path to a .pt file")
+
+
+def instantiate(key: str, spec: Any) -> Any:
+    """hydra.utils.instantiate(spec), a `_target_` that does not import or build failing in one line naming `key`."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+
+    try:
+        return hydra_instantiate(spec)
+    except InstantiationException as err:
+        target = spec.get("_target_") if hasattr(spec, "get") else spec
+        reason = str(err.__cause__ or err).strip().splitlines()[-1]
+        raise ConfigError(f"{key}._target_={target}: {reason}; check the module is importable (on PYTHONPATH) "
+                          "and the class name") from err

@@ -129,6 +129,15 @@ def all_reduce_max(value: float, device: torch.device) -> float:
     return tensor.item()
 
 
+def all_gather(obj) -> list:
+    """Every rank's `obj`, by rank (`[obj]` for one process)."""
+    if not torch_dist.is_initialized():
+        return [obj]
+    gathered = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def barrier() -> None:
     if torch_dist.is_initialized():
         torch_dist.barrier()

@@ -1,30 +1,49 @@
-"""The epoch loop: AMP, gradient accumulation, validation, checkpoints, metrics; the meters time it."""
+"""The epoch loop: train steps (train/step.py), evaluation, checkpoints, stop signals, one metrics row an epoch.
+
+Callbacks (the `callbacks:` config group, `_target_` classes) see the run from outside: each may define
+`on_train_batch(trainer, batch)`, `on_save(trainer)` (every rank, before the checkpoint is written) and
+`on_epoch_end(trainer, record)`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from train import checkpoint, precision
+from train import checkpoint
 from train.config import ConfigError
 from train.data import DataPipeline
+from train.data.batch import Batch
 from train.data.loader import explain_loader_error
-from train.dist import DistEnv, all_reduce_max, all_reduce_sum, barrier
-from train.meters import EpochMeter, append_jsonl
+from train.data.stream import LoaderPositions
+from train.dist import DistEnv, all_reduce_sum, barrier
+from train.metrics import EpochMeter, append_jsonl, reduce_over_ranks
 from train.monitoring import Monitor
+from train.step import TrainStep
 from train.stop import Stopped, StopSignal
 
 log = logging.getLogger(__name__)
 
 
+class Record:
+    """A dataclass as a Stateful checkpoint part."""
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
 @dataclass
-class Progress:
+class Progress(Record):
     """Where the run is: restored from a checkpoint, saved into the next one."""
 
     epoch: int = 0  # the epoch in progress (0-based)
@@ -32,109 +51,85 @@ class Progress:
     batch_in_epoch: int = 0  # batches of `epoch` already trained
 
 
+@dataclass
+class Plan(Record):
+    """What the run was planned as: a resumed run is checked against it."""
+
+    epochs: int = 0
+    steps_per_epoch: int = 0
+    world_size: int = 1
+
+
 class Trainer:
     def __init__(self, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
-                 run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None):
+                 run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
+                 callbacks: Sequence = ()):
         self.cfg, self.env, self.device, self.data, self.run_dir = cfg, env, device, data, run_dir
         self.monitor = monitor or Monitor()  # TensorBoard / Prometheus; closed by whoever built it
         self.stop = stop or StopSignal()  # installed by whoever built it (python -m train); asked after each step
+        self.callbacks = list(callbacks)
         tc = cfg.trainer
-        self.model = model
-        self.ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
-            if env.distributed else model
-        self.forward = torch.compile(self.ddp) if tc.compile else self.ddp
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=tc.lr, momentum=tc.momentum,
-                                         weight_decay=tc.weight_decay, nesterov=True)
-        self.steps_per_epoch = max(len(data.train_loader) // tc.grad_accum_steps, 1)
         # The schedule spans the configured epochs; trainer.max_steps only cuts a run short (smoke runs), so a
         # run stopped by it and resumed later follows the same schedule.
-        self.total_steps = tc.epochs * self.steps_per_epoch
-        self.scheduler = self.plan_schedule()
-        cpu_bf16 = device.type == "cpu" and precision.use_cpu_bf16(tc.cpu_bf16)
-        self.autocast = partial(precision.autocast, device, tc.amp, cpu_bf16)
-        self.use_scaler = tc.amp and device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_scaler)
-        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=tc.label_smoothing)
+        self.plan = Plan(tc.epochs, max(len(data.train) // tc.grad_accum_steps, 1), env.world_size)
+        self.total_steps = tc.epochs * self.plan.steps_per_epoch
+        self.step = TrainStep(cfg, env, device, model, self.total_steps)
         self.progress = Progress()
+        self.positions = LoaderPositions(data.train, env)
         self.metrics_path = run_dir / "metrics.jsonl"
         self.checkpoint_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST
-        self.samples = checkpoint.SampleLog(run_dir, env.rank) if tc.record_samples else None
-        # Batches on the device; its state_dict() is the loader's position as of the last batch trained.
-        self.train_stream = data.on_device(data.train_loader)
 
-    def plan_schedule(self, step: int = 0) -> torch.optim.lr_scheduler.LRScheduler:
-        """OneCycle over `total_steps`, positioned at `step` (0: a new run; else the optimizer was restored)."""
-        return torch.optim.lr_scheduler.OneCycleLR(
-            self.optimizer, max_lr=self.cfg.trainer.lr, total_steps=max(self.total_steps, 1), pct_start=0.15,
-            last_epoch=step - 1)
+    def _call(self, hook: str, *args) -> None:
+        for callback in self.callbacks:
+            method = getattr(callback, hook, None)
+            if method is not None:
+                method(self, *args)
 
     # -- checkpoints -----------------------------------------------------------------------------------------
-    def state_dict(self, loader_state: dict | None) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "progress": vars(self.progress).copy(),
-            "plan": {"epochs": self.cfg.trainer.epochs, "steps_per_epoch": self.steps_per_epoch,
-                     "world_size": self.env.world_size},
-            "loader": loader_state,
-        }
+    def parts(self) -> dict[str, checkpoint.Stateful]:
+        return {**self.step.stateful(), "progress": self.progress, "plan": self.plan, "loader": self.positions}
 
-    def save(self, loader_state: dict | None) -> None:
-        """Called by every rank at the same step. Sample logs go first (a checkpoint is never newer than
-        them), then rank 0 writes atomically; the barrier after it keeps every rank from moving on (or dying)
-        before the file on disk is whole, so a restarted group resumes from one checkpoint."""
-        if self.samples is not None:
-            self.samples.write()
-            barrier()
-        if loader_state is not None:  # None on every rank at once (epoch ends), so the gather is collective
-            # every rank's stream state, by rank: the same position, but each loader's own seeds
-            ranks = [loader_state]
-            if self.env.distributed:
-                ranks = [None] * self.env.world_size
-                torch.distributed.all_gather_object(ranks, loader_state)
-            loader_state = {"ranks": ranks}
+    def save(self) -> None:
+        """Called by every rank at the same step; rank 0 writes. The barrier after it keeps every rank from moving
+        on (or dying) before the file on disk is whole, so a restarted group resumes from one checkpoint."""
+        self._call("on_save")
+        self.positions.gather(mid_epoch=self.progress.batch_in_epoch > 0)
         if self.env.is_main:
-            checkpoint.save_atomic(self.state_dict(loader_state), self.checkpoint_path)
+            checkpoint.save(self.parts(), self.checkpoint_path)
         barrier()
 
     def resume(self, path: Path) -> None:
         """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
         state = checkpoint.load(path, self.device)
+        progress, saved = Progress(**state["progress"]), Plan(**state["plan"])
         tc = self.cfg.trainer
-        progress = Progress(**state["progress"])
-        plan = state.get("plan", {})
         reached = progress.epoch + (progress.batch_in_epoch > 0)  # epochs begun
         if reached > tc.epochs:
             raise ConfigError(f"trainer.epochs={tc.epochs}: {path} has begun epoch {reached} already; use "
                               f"trainer.epochs >= {reached} to continue it, or trainer.resume=null to start over")
-        saved_steps = plan.get("steps_per_epoch", self.steps_per_epoch)
-        if progress.batch_in_epoch and saved_steps != self.steps_per_epoch:
-            raise ConfigError(f"trainer.resume: {path} stopped mid-epoch with {saved_steps} steps an epoch, this run "
-                              f"has {self.steps_per_epoch}: resume with its data.batch_size, trainer.grad_accum_steps "
-                              "and process count")
+        if progress.batch_in_epoch and saved.steps_per_epoch != self.plan.steps_per_epoch:
+            raise ConfigError(f"trainer.resume: {path} stopped mid-epoch with {saved.steps_per_epoch} steps an epoch, "
+                              f"this run has {self.plan.steps_per_epoch}: resume with its data.batch_size, "
+                              "trainer.grad_accum_steps and process count")
+        parts = self.parts()
+        del parts["plan"]  # this run's plan stands; the saved one was checked above
         try:
-            self.model.load_state_dict(state["model"])
+            parts.pop("model").load_state_dict(state["model"])
         except RuntimeError as err:
             raise ConfigError(f"trainer.resume: {path} holds another model than model.name={self.cfg.model.name} "
                               f"({str(err).splitlines()[0]})") from err
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state["scheduler"].get("total_steps") == max(self.total_steps, 1):
-            self.scheduler.load_state_dict(state["scheduler"])
-        else:  # trainer.epochs changed: the same schedule planned over the new length, continuing at this step
-            self.scheduler = self.plan_schedule(progress.step)
+        if state["scheduler"]["total_steps"] != self.step.total_steps:  # trainer.epochs changed: re-planned below
+            del parts["scheduler"]
+        if progress.batch_in_epoch >= len(self.data.train):  # stopped after the epoch's last batch: no position
+            del parts["loader"]
+        for name, part in parts.items():
+            part.load_state_dict(state[name])
+        if "scheduler" not in parts:
+            self.step.scheduler = self.step.plan_schedule(progress.step)
             log.info("trainer.epochs=%d: the LR schedule is re-planned over %d steps (was %d), continuing at step %d "
-                     "with lr %.4g", tc.epochs, self.total_steps, state["scheduler"].get("total_steps", 0),
-                     progress.step, self.scheduler.get_last_lr()[0])
-        self.scaler.load_state_dict(state["scaler"])
-        self.progress = progress
-        if state.get("loader") is not None and progress.batch_in_epoch < len(self.data.train_loader):
-            ranks = state["loader"]["ranks"]
-            mine = ranks[self.env.rank] if len(ranks) == self.env.world_size else {
-                "epoch": ranks[0]["epoch"], "batch": ranks[0]["batch"]}  # another world size: the position only
-            self.data.set_epoch(progress.epoch)
-            self.data.train_loader.load_state_dict(mine)
+                     "with lr %.4g", tc.epochs, self.step.total_steps, state["scheduler"]["total_steps"],
+                     progress.step, self.step.scheduler.get_last_lr()[0])
+        self.data.set_epoch(progress.epoch)
         log.info("resumed from %s at epoch %d, batch %d, step %d", path, progress.epoch + 1,
                  progress.batch_in_epoch, progress.step)
         if progress.epoch >= tc.epochs:
@@ -150,24 +145,21 @@ class Trainer:
         tc = self.cfg.trainer
         records = []
         while self.progress.epoch < tc.epochs and not self.done():
-            train_stats = self.train_epoch()
-            val_stats = self.evaluate()
-            complete = self.progress.batch_in_epoch >= len(self.data.train_loader)
-            record = {"epoch": self.progress.epoch + 1, "epoch_complete": complete, **train_stats, **val_stats}
+            record = {"epoch": self.progress.epoch + 1, **self.train_epoch(), **self.evaluate()}
+            record["epoch_complete"] = complete = self.progress.batch_in_epoch >= len(self.data.train)
             records.append(record)
             self.monitor.on_epoch(self.progress.step, record)
-            if not complete:  # cut short by trainer.max_steps: resume finishes this epoch
-                self.save(loader_state=self.train_stream.state_dict())
-            else:
+            if complete:  # else cut short by trainer.max_steps: resume finishes this epoch
                 self.progress = Progress(epoch=self.progress.epoch + 1, step=self.progress.step)
-                self.save(loader_state=None)
+            self.save()
+            self._call("on_epoch_end", record)
             if self.env.is_main:
                 append_jsonl(self.metrics_path, record)
                 log.info("epoch %d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  %.0f img/s  data_wait %.1f%%  "
-                         "first_batch %.2fs  epoch %.1fs  peak_rss %.0f MiB%s", record["epoch"], tc.epochs,
+                         "first_batch %.2fs  epoch %.1fs  peak_pss %.0f MiB%s", record["epoch"], tc.epochs,
                          record["train_loss"], record["val_loss"], record["val_acc"], record["images_per_s"],
                          100 * record["data_wait_frac"], record["first_batch_s"], record["epoch_s"],
-                         record["peak_rss_mb"], f"  bad_samples {record['bad_samples']}"
+                         record["peak_pss_mb"], f"  bad_samples {record['bad_samples']}"
                          if record["bad_samples"] else "")
             if self.progress.epoch < tc.epochs and not self.done():
                 self.stop_if_asked()  # a signal during validation: stop before the next epoch starts
@@ -179,15 +171,14 @@ class Trainer:
         if not signum:
             return
         if self.progress.batch_in_epoch:  # mid-epoch: the loader's position goes with the checkpoint
-            self.save(loader_state=self.train_stream.state_dict())
+            self.save()
         raise Stopped(signum, self.progress.epoch, self.progress.batch_in_epoch)
 
-    def _batches(self, batches, meter: EpochMeter, desc: str, total: int):
-        """Batches on the device; a dead worker or a timeout becomes an error naming its cause."""
+    def _batches(self, batches: Iterable[Batch], meter: EpochMeter, desc: str, total: int) -> Iterator[Batch]:
+        """Batches on the device, timed by `meter`; a dead worker or a timeout becomes an error naming its cause."""
         show = self.cfg.trainer.progress and self.env.is_main
-        bar = tqdm(total=total, desc=desc, leave=False, disable=not show, dynamic_ncols=True)
-        iterator = iter(batches)
-        try:
+        with tqdm(total=total, desc=desc, leave=False, disable=not show, dynamic_ncols=True) as bar:
+            iterator = iter(batches)
             while True:
                 try:
                     batch = next(iterator)
@@ -201,84 +192,43 @@ class Trainer:
                 meter.waited()
                 yield batch
                 bar.update(1)
-        finally:
-            bar.close()
 
     def train_epoch(self) -> dict:
         tc = self.cfg.trainer
-        self.ddp.train()
+        self.step.ddp.train()
         self.data.set_epoch(self.progress.epoch)
-        meter = EpochMeter()
-        accum = tc.grad_accum_steps
-        loader = self.data.train_loader
-        remaining = len(loader) - self.progress.batch_in_epoch
-        if self.samples is not None:
-            self.samples.start(self.progress.epoch, self.progress.batch_in_epoch)
-        micro = 0
+        meter = EpochMeter(self.device)
+        remaining = len(self.data.train) - self.progress.batch_in_epoch
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
         # remaining == 0: resumed from a checkpoint taken after the epoch's last batch, before its validation
-        batches = self._batches(self.train_stream, meter, desc, remaining) if remaining > 0 else ()
-        for images, targets, bad, *indices in batches:
+        for batch in self._batches(self.data.train, meter, desc, remaining) if remaining > 0 else ():
             self.progress.batch_in_epoch += 1
-            if self.samples is not None:
-                self.samples.add(indices[0] if indices else None)
-            if images.numel() == 0:
-                meter.stepped(0, 0.0, bad)
+            self._call("on_train_batch", batch)
+            if len(batch) == 0:  # every sample unreadable
+                meter.stepped(0, 0.0, batch.bad)
                 continue
-            micro += 1
-            update = micro % accum == 0
-            if self.env.distributed:  # all-reduce gradients only in the backward of the micro-batch that updates
-                self.ddp.require_backward_grad_sync = update
-            with self.autocast():
-                loss = self.criterion(self.forward(images), targets)
-            self.scaler.scale(loss / accum).backward()
-            if update:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.scheduler.step()
-                self.progress.step += 1
-            meter.stepped(images.shape[0], loss, bad)  # no .item(): the GPU is not synced every step
+            loss, updated = self.step(batch)
+            self.progress.step += updated
+            meter.stepped(len(batch), loss, batch.bad)  # no .item(): the GPU is not synced every step
             self.monitor.on_step(self.progress.step, meter)
-            if not update:
+            if not updated:
                 continue
             self.stop_if_asked()
             every = tc.checkpoint_every_steps
             if every and self.progress.step % every == 0:
-                self.save(loader_state=self.train_stream.state_dict())
+                self.save()
             if self.done():
                 break
-        if micro % accum:  # micro-batches short of a whole accumulation at the epoch's end: dropped, as drop_last
-            self.optimizer.zero_grad(set_to_none=True)  # would; never carried into the next epoch's first step
-        return self._reduce_train(meter.summary())
+        self.step.drop_partial()
+        return reduce_over_ranks(meter.summary(), self.env, self.device)
 
-    def _reduce_train(self, stats: dict) -> dict:
-        """Sums over ranks for counts and throughput, the slowest rank for latencies and memory."""
-        if not self.env.distributed:
-            return stats
-        loss_sum, images, images_per_s, bad = all_reduce_sum(
-            [stats["train_loss"] * stats["images"], stats["images"], stats["images_per_s"], stats["bad_samples"]],
-            self.device)
-        stats.update(train_loss=loss_sum / max(images, 1), images=int(images), images_per_s=images_per_s,
-                     bad_samples=int(bad))
-        for key in ("data_wait_frac", "first_batch_s", "epoch_s", "peak_rss_mb"):
-            stats[key] = all_reduce_max(stats[key], self.device)
-        return stats
-
-    @torch.no_grad()
     def evaluate(self) -> dict:
-        self.ddp.eval()
-        meter = EpochMeter()
-        loss_sum, correct, count = 0.0, 0.0, 0.0
-        loader = self.data.val_loader
-        for images, targets, *_ in self._batches(self.data.on_device(loader), meter, "val", len(loader)):
-            if images.numel() == 0:
-                continue
-            with self.autocast():
-                logits = self.forward(images)
-            loss_sum += self.criterion(logits.float(), targets).item() * targets.numel()
-            correct += (logits.argmax(1) == targets).sum().item()
-            count += targets.numel()
+        self.step.ddp.eval()
+        meter = EpochMeter(self.device)
+        loss_sum = correct = count = 0.0
+        for batch in self._batches(self.data.val, meter, "val", len(self.data.val)):
+            if len(batch):
+                loss, right = self.step.evaluate(batch)
+                loss_sum, correct, count = loss_sum + loss, correct + right, count + len(batch)
         loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count], self.device)
-        return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1),
-                "val_samples": int(count)}
+        return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1), "val_samples": int(count)}

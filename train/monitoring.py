@@ -1,10 +1,10 @@
-"""Live loader health: TensorBoard scalars (rank 0) and a Prometheus endpoint (each rank: port + LOCAL_RANK).
+"""Live loader health, the sinks of train/metrics.py: TensorBoard scalars (rank 0) and a Prometheus endpoint (each
+rank: port + LOCAL_RANK).
 
 The engine calls `Monitor.on_step` after every step and `Monitor.on_epoch` after every epoch. Per step that
 is a clock read until `interval_s` has passed, then one flush of windowed figures (loss, images/s, data-wait
-fraction) and, for TensorBoard, one memory sample (main + DataLoader worker RSS via psutil, /dev/shm, CUDA
-memory). Prometheus reads memory at scrape time through a collector, so worker memory stays live while the
-loop waits on data or evaluates.
+fraction) and, for TensorBoard, one memory sample. Prometheus reads memory at scrape time through a collector, so
+worker memory stays live while the loop waits on data or evaluates.
 """
 
 from __future__ import annotations
@@ -12,13 +12,11 @@ from __future__ import annotations
 import errno
 import logging
 import math
-import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -26,50 +24,9 @@ from prometheus_client.registry import Collector
 
 from train.config import ConfigError
 from train.dist import DistEnv
-from train.meters import EpochMeter, children_rss_bytes
+from train.metrics import MIB, EpochMeter, MemorySampler
 
 log = logging.getLogger(__name__)
-
-SHM_PATH = "/dev/shm"
-MIB = 2**20
-
-
-# -- memory --------------------------------------------------------------------------------------------------
-@dataclass
-class MemorySample:
-    """Bytes: this process, each DataLoader worker (child pid -> RSS), /dev/shm, CUDA memory on the device."""
-
-    main_rss: int
-    worker_rss: dict[int, int]
-    shm_used: int | None = None
-    shm_total: int | None = None
-    gpu_allocated: int | None = None
-    gpu_peak: int | None = None
-
-    @property
-    def total_rss(self) -> int:
-        return self.main_rss + sum(self.worker_rss.values())
-
-
-@dataclass
-class MemorySampler:
-    """Samples memory on demand and keeps the peak of main + workers RSS seen so far."""
-
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    peak_rss: int = 0
-
-    def sample(self) -> MemorySample:
-        sample = MemorySample(main_rss=psutil.Process().memory_info().rss, worker_rss=children_rss_bytes())
-        try:
-            shm = shutil.disk_usage(SHM_PATH)
-            sample.shm_used, sample.shm_total = shm.used, shm.total
-        except OSError:  # no /dev/shm (macOS, Windows)
-            pass
-        if self.device.type == "cuda":
-            sample.gpu_allocated = torch.cuda.memory_allocated(self.device)
-            sample.gpu_peak = torch.cuda.max_memory_allocated(self.device)
-        self.peak_rss = max(self.peak_rss, sample.total_rss)
-        return sample
 
 
 # -- windowed step figures -----------------------------------------------------------------------------------
@@ -169,14 +126,16 @@ class _MemoryCollector(Collector):
                 family.add_metric([self.rank], value)
                 yield family
 
-        yield from gauge("loadout_main_rss_bytes", "RSS of the training process", s.main_rss)
-        workers = GaugeMetricFamily("loadout_worker_rss_bytes", "RSS of each DataLoader worker (child)",
-                                    labels=["rank", "pid"])
-        for pid, rss in sorted(s.worker_rss.items()):
-            workers.add_metric([self.rank, str(pid)], rss)
-        yield workers
-        yield from gauge("loadout_workers", "Live DataLoader worker processes", len(s.worker_rss))
-        yield from gauge("loadout_peak_rss_bytes", "Peak RSS of main + workers", self.sampler.peak_rss)
+        yield from gauge("loadout_main_pss_bytes", "PSS of the training process", s.main.pss)
+        yield from gauge("loadout_main_uss_bytes", "USS of the training process", s.main.uss)
+        for kind in ("pss", "uss"):
+            workers = GaugeMetricFamily(f"loadout_worker_{kind}_bytes", f"{kind.upper()} of each DataLoader worker",
+                                        labels=["rank", "pid"])
+            for pid, memory in sorted(s.workers.items()):
+                workers.add_metric([self.rank, str(pid)], getattr(memory, kind))
+            yield workers
+        yield from gauge("loadout_workers", "Live DataLoader worker processes", len(s.workers))
+        yield from gauge("loadout_peak_pss_bytes", "Peak PSS of main + workers", self.sampler.peak_pss)
         yield from gauge("loadout_shm_used_bytes", "/dev/shm bytes in use", s.shm_used)
         yield from gauge("loadout_shm_size_bytes", "/dev/shm size", s.shm_total)
         yield from gauge("loadout_gpu_memory_allocated_bytes", "CUDA memory in tensors", s.gpu_allocated)
@@ -293,13 +252,14 @@ class Monitor:
                 "train/loss": window.loss if window.images else None,
                 "train/images_per_s": window.images_per_s,
                 "train/data_wait_frac": window.data_wait_frac,
-                "memory/main_rss_mb": mem.main_rss / MIB,
-                "memory/workers_rss_mb": sum(mem.worker_rss.values()) / MIB,
-                "memory/peak_rss_mb": self.sampler.peak_rss / MIB,
+                "memory/main_pss_mb": mem.main.pss / MIB,
+                "memory/workers_pss_mb": sum(w.pss for w in mem.workers.values()) / MIB,
+                "memory/workers_uss_mb": sum(w.uss for w in mem.workers.values()) / MIB,
+                "memory/peak_pss_mb": self.sampler.peak_pss / MIB,
                 "memory/shm_used_mb": mem.shm_used / MIB if mem.shm_used is not None else None,
                 "memory/gpu_allocated_mb": mem.gpu_allocated / MIB if mem.gpu_allocated is not None else None,
                 "memory/gpu_peak_mb": mem.gpu_peak / MIB if mem.gpu_peak is not None else None,
-                "loader/workers": len(mem.worker_rss),
+                "loader/workers": len(mem.workers),
             })
 
     def on_epoch(self, step: int, record: dict) -> None:

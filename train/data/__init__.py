@@ -1,18 +1,16 @@
-"""The data path: dataset -> transforms -> sampler -> DataLoader (every knob) -> device prefetcher.
+"""The data path: dataset -> transforms -> sampler -> DataLoader (every knob) -> device prefetcher -> Batch.
 
-The training loop sees only `DataPipeline`: loaders with state, and batches on the device. The training loader
-is a `TrainStream` (stream.py): one loader iterator spanning all epochs, so the workers prefetch across epoch
-boundaries; its batches arrive on the device already.
+The training loop sees only `DataPipeline`: `train` and `val` both yield `Batch`es on the device through the same
+prefetcher. `train` is a `TrainStream` (stream.py): one loader iterator spanning all epochs, so the workers
+prefetch across epoch boundaries, with a state a checkpoint keeps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from train.data.activity import ActivityBoard, Watched, sample_name
 from train.data.datasets import build_datasets
@@ -26,22 +24,15 @@ from train.dist import DistEnv
 class DataPipeline:
     """`close()` (or `with`) ends the workers now; a pipeline simply dropped ends them as its last reference goes."""
 
-    train_loader: TrainStream
-    val_loader: StatefulDataLoader
+    train: TrainStream  # this epoch's rest, on the device; its state_dict() is the position a checkpoint keeps
+    val: DevicePrefetcher  # the validation loader's batches on the device; `.loader` is the StatefulDataLoader
     num_classes: int
-    to_device: Callable[[Iterable], DevicePrefetcher]  # a loader's batches on the device, as the model wants them
     activity: Watched | None = None  # what the training workers read (slots 0..n-1), then the validation ones
     val_activity: Watched | None = None
 
-    def on_device(self, loader) -> Iterable:
-        """Iterate `loader` with batches on the device, normalized and in the model's memory format."""
-        if isinstance(loader, TrainStream):
-            return loader  # its batches are on the device already
-        return self.to_device(loader)
-
     def set_epoch(self, epoch: int) -> None:
         """Position the training stream at `epoch` (the sampler's own set_epoch runs as its indices are drawn)."""
-        self.train_loader.set_epoch(epoch)
+        self.train.set_epoch(epoch)
 
     def stuck_read(self) -> str | None:
         """The worker that has been reading one sample longest and that sample, for a timed-out loader's error."""
@@ -58,9 +49,9 @@ class DataPipeline:
 
     def close(self) -> None:
         """End both loaders' worker processes now."""
-        self.train_loader.close()
-        shutdown_workers(self.train_loader.loader)
-        shutdown_workers(self.val_loader)
+        self.train.close()
+        shutdown_workers(self.train.loader)
+        shutdown_workers(self.val.loader)
 
     def __enter__(self) -> DataPipeline:
         return self
@@ -84,7 +75,7 @@ def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
                         channels_last=cfg.trainer.channels_last, non_blocking=data.non_blocking,
                         beside_workers=val_loader.num_workers > 0)  # both loaders have data.num_workers
     train_stream = build_train_stream(train_ds, data, env, device, seed=seed, epochs=cfg.trainer.epochs,
-                                      open_batches=to_device, record_indices=cfg.trainer.record_samples)
+                                      to_device=to_device)
     watched = board is not None
-    return DataPipeline(train_stream, val_loader, num_classes, to_device, activity=train_ds if watched else None,
+    return DataPipeline(train_stream, to_device(val_loader), num_classes, activity=train_ds if watched else None,
                         val_activity=val_ds if watched else None)

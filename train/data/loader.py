@@ -20,6 +20,7 @@ from torch.utils.data import (
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from train.config import WORKER_ONLY_KNOBS
 from train.data.ring import build_collate
 from train.data.workers import init_worker, loader_seed, mixed_seed
 from train.dist import DistEnv
@@ -140,10 +141,9 @@ def loader_kwargs(data_cfg, num_workers: int, pin_memory: bool) -> dict:
     kwargs = dict(batch_size=data_cfg.batch_size, num_workers=num_workers, pin_memory=pin_memory,
                   in_order=data_cfg.in_order)
     if num_workers > 0:
-        kwargs.update(prefetch_factor=data_cfg.prefetch_factor, persistent_workers=data_cfg.persistent_workers,
-                      timeout=STUCK_WORKER_TIMEOUT_S if data_cfg.timeout is None else data_cfg.timeout,
-                      multiprocessing_context=data_cfg.multiprocessing_context,
-                      worker_init_fn=init_worker)
+        kwargs.update({key: data_cfg[key] for key in WORKER_ONLY_KNOBS}, worker_init_fn=init_worker)
+        if data_cfg.timeout is None:
+            kwargs["timeout"] = STUCK_WORKER_TIMEOUT_S
     return kwargs
 
 
@@ -160,9 +160,6 @@ def checked_loader_kwargs(data_cfg, env: DistEnv, device: torch.device) -> dict:
     num_workers = resolve_num_workers(data_cfg.num_workers, env.local_world_size)
     pin_memory = effective_pin_memory(data_cfg.pin_memory, device)
     kwargs = loader_kwargs(data_cfg, num_workers, pin_memory)
-    if data_cfg.num_workers == "auto" and num_workers == 0:
-        kwargs.pop("prefetch_factor", None)
-        kwargs.pop("persistent_workers", None)
     if num_workers > 0:
         from train.data.shm import warn_if_shm_too_small
 

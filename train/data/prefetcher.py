@@ -3,27 +3,27 @@
 Batches arrive as uint8 (pinned by the loader when data.pin_memory=true), NHWC in memory when the images were
 (decoded JPEGs); the copy is non_blocking on a side stream, then the layout the model wants (trainer.channels_last),
 the float conversion and Normalize run on the device. On CPU the same code runs without streams, and beside
-DataLoader workers on one torch thread: its parallel regions would wait for cores the workers hold (0.8 ms a
-64-image batch at 64 px on 2 cores, against 3.5-4.5 ms on 2 threads). Modelled on timm's PrefetchLoader.
+DataLoader workers on one torch thread: its parallel regions would wait for cores the workers hold. Modelled on
+timm's PrefetchLoader, and like it applied alike to the training and the validation loader.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 
 import torch
 
+from train.data.batch import Batch
 from train.data.transforms import DeviceNormalize
 from train.data.workers import one_torch_thread
 
 
 class DevicePrefetcher:
-    """Yields (images, targets, bad_count, *extra) on `device`, float and normalized, one batch ahead on CUDA.
-
-    Elements after the third ride along untouched: the sample indices (trainer.record_samples) and, for the
-    training stream, the loader state taken as that batch left the loader (stream.py). A batch's state thus
-    reaches the loop with that batch, whatever this prefetcher has drawn ahead.
+    """Yields each Batch of `loader` with images and targets on `device`, float and normalized, one batch ahead
+    on CUDA. The indices stay on the host and the position rides along, so a batch's loader state reaches the loop
+    with that batch, whatever this prefetcher has drawn ahead.
 
     `beside_workers`: the loader's worker processes hold the cores, so on CPU each batch is converted on one torch
     thread (the model keeps its threads)."""
@@ -40,17 +40,16 @@ class DevicePrefetcher:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def _to_device(self, batch):
-        images, targets, bad, *extra = batch  # extra: indices, the stream's loader state; passed on as is
-        images = images.to(self.device, non_blocking=self.non_blocking)
-        targets = targets.to(self.device, non_blocking=self.non_blocking)
+    def _to_device(self, batch: Batch) -> Batch:
+        images = batch.images.to(self.device, non_blocking=self.non_blocking)
+        targets = batch.targets.to(self.device, non_blocking=self.non_blocking)
         if images.dim() == 4:  # the loader's batches come in the images' own layout (channels_last for JPEGs)
             images = images.contiguous(memory_format=self.memory_format)
         if self.normalizer is not None and images.numel():
             images = self.normalizer(images)
-        return (images, targets, bad, *extra)
+        return dataclasses.replace(batch, images=images, targets=targets)
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Batch]:
         if self.device.type != "cuda":
             for batch in self.loader:
                 with one_torch_thread() if self.one_thread else nullcontext():
@@ -65,7 +64,7 @@ class DevicePrefetcher:
             if pending is not None:
                 yield pending
             torch.cuda.current_stream(self.device).wait_stream(stream)
-            for tensor in ready[:2]:
+            for tensor in (ready.images, ready.targets):
                 tensor.record_stream(torch.cuda.current_stream(self.device))
             pending = ready
         if pending is not None:

@@ -62,13 +62,12 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class EpochSeededDataset(Dataset):
-    """`dataset[index]` for keys `(epoch, index)`, its randomness drawn from (seed, epoch, index); with
-    `with_index` the index rides along as a third element (trainer.record_samples)."""
+    """`dataset[index]` for keys `(epoch, index)`, its randomness drawn from (seed, epoch, index); each sample
+    comes back as `(image, target, index)`, so a batch knows which samples it holds (Batch.indices)."""
 
-    def __init__(self, dataset: Dataset, seed: int, with_index: bool = False):
+    def __init__(self, dataset: Dataset, seed: int):
         self.dataset = dataset
         self.seed = seed
-        self.with_index = with_index
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -94,8 +93,6 @@ class EpochSeededDataset(Dataset):
                 samples = self._load_each(epochs, indices, seeds)
         elif samples is None:
             samples = self._load_each(epochs, indices, seeds)
-        if not self.with_index:
-            return samples
         return [sample if sample is None else (*sample, index)
                 for sample, index in zip(samples, indices.tolist(), strict=True)]
 

@@ -1,40 +1,24 @@
 """A reused shared-memory batch ring: workers stack each batch into a preallocated slot instead of a fresh segment.
 
-A stock worker's collate stacks every batch into a *new* shared-memory segment (`_new_shared` in
-default_collate); the worker then first-touches all of its pages and the main process receives a file descriptor,
-maps and later unmaps it. On small machines that costs milliseconds per batch whatever the samples (bench/RESULTS.md).
-Here the main process allocates, before any worker starts, `slots` buffers of the largest batch per worker in one
-shared tensor (inherited under fork, passed by file descriptor under spawn/forkserver). Worker w stacks its k-th
-batch into slot `ring[w, k % slots]`, in the images' own memory layout (`stack_images`: channels_last for decoded
-JPEGs), and hands over a small `RingBatch`: the slot's coordinates and layout, the targets (and sample indices) as
-numpy arrays by value, the skipped-sample count. Unpickling it in the main process copies the
-images out of the slot into an ordinary tensor (pinned when the loader pins), so nothing that leaves the loader
-ever aliases a slot: the copy is taken the moment the loader receives the batch from the result queue, in the
-main thread, or in the pin-memory thread when data.pin_memory=true.
+A stock worker's collate stacks every batch into a *new* shared-memory segment; the worker first-touches all of its
+pages and the main process receives a file descriptor, maps and later unmaps it, milliseconds a batch on small
+machines (bench/RESULTS.md). Here the main process allocates, before any worker starts, `slots` buffers of the
+largest batch per worker in one shared tensor. Worker w stacks its k-th batch into slot `k % slots` and hands over a
+`RingBatch`: the slot's coordinates, the labels by value. Unpickling it in the main process (as the loader receives
+it, in the main thread or the pin-memory thread) copies the images out into an ordinary tensor, so nothing that
+leaves the loader aliases a slot.
 
-Why a slot is never rewritten before its batch was copied out (torch's DataLoader iterator and torchdata's
-StatefulDataLoader iterator, which share this logic): the copy happens when the batch is *received* (unpickled off
-the worker result queue, before `_get_data` returns, or in the pin thread before the batch reaches the main
-thread). A new index is put only in `_try_put_index`: `prefetch_factor x num_workers` of them when an iterator
-starts or resumes, then one per batch yielded (`_process_data`), after that batch was received.
-- in_order=true: tasks go to workers strictly round robin and are yielded in task order, so when task t is put,
-  every task <= t - prefetch_factor x num_workers has been yielded, hence received; of worker w's tasks, at most
-  `prefetch_factor` (t included) are not yet received.
-- in_order=false: a task goes to worker w only while `_workers_num_tasks[w] < prefetch_factor x num_workers //
-  active workers` = prefetch_factor (map-style datasets keep every worker active), and that count drops only when
-  one of w's batches is yielded, after it was received: again at most `prefetch_factor` unreceived tasks per worker.
-- an iterator reset (a new epoch's iterator with persistent workers, `load_state_dict`, the fast-forward after it)
-  drains or yields every outstanding result through `_get_data`, so through the copy, before new indices go out.
-A worker runs its tasks in queue order, one collate per task, so when it writes its k-th batch, batches k - slots
-and older belong to tasks at least `slots` tasks back, all received once `slots >= prefetch_factor`. The ring keeps
-`prefetch_factor + 2` slots, two spare. Workers started afresh (persistent_workers=false) start at slot 0; the
-previous workers were joined first.
+A slot may be rewritten only after its previous batch was copied out. DataLoader keeps at most prefetch_factor
+batches per worker outstanding, and the ring has two slots more; but that is DataLoader's internal behaviour, not
+its API. So the ring does not trust it: the main process marks each slot's batch received after the copy, and a
+worker whose next slot is still unreceived stacks that batch the stock way (a fresh segment), counts an overrun
+and warns once. A torch or torchdata change that breaks the bound costs speed, never data; tests/test_shm_ring.py
+asserts there are no overruns with the real loader, so such a change also fails a test.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import uuid
 import weakref
@@ -42,55 +26,56 @@ import weakref
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
-from torch.utils.data._utils.collate import default_collate
 
 from train.config import ConfigError
+from train.data.batch import (
+    Batch,
+    batch_view,
+    channels_innermost,
+    collate,
+    collate_labels,
+    readable,
+    stack_images,
+    stackable,
+)
 from train.data.shm import RING_SPARE_SLOTS, SHM_PATH
-from train.data.workers import batch_view, channels_innermost, collate_skipping_bad, stack_images, stackable
 
 log = logging.getLogger(__name__)
 
 _RINGS: weakref.WeakValueDictionary[str, ShmRing] = weakref.WeakValueDictionary()  # token -> ring, this process
 
 
-def _by_value(column):
-    """A collated column as it crosses the result queue: tensors as numpy arrays (pickled by value, no shared
-    memory segment), anything else as is."""
-    if isinstance(column, torch.Tensor):
-        try:
-            return True, column.numpy()
-        except (TypeError, RuntimeError):  # a dtype numpy lacks: let torch's reductions move it
-            return False, column
-    return False, column
+def _by_value(column: torch.Tensor | None):
+    """A label column as it crosses the result queue: a numpy array (pickled by value, no shared-memory segment)."""
+    return None if column is None else column.numpy()
 
 
-def _take(token: str, worker: int, slot: int, n: int, channels_last: bool, columns: list, bad: int) -> tuple:
-    """Unpickling a RingBatch (in the loader's process): the images copied out of their slot, the columns back as
-    tensors: `(images, targets, bad, *indices)`, as `collate_skipping_bad` returns it."""
-    ring = _RINGS[token]
-    images = ring.copy_out(worker, slot, n, channels_last)
-    targets, *extra = [torch.from_numpy(value) if as_numpy else value for as_numpy, value in columns]
-    return (images, targets, bad, *extra)
+def _take(token: str, worker: int, count: int, n: int, channels_last: bool, targets, indices, bad: int) -> Batch:
+    """Unpickling a RingBatch (in the loader's process): the images copied out of their slot, the slot marked
+    received, the labels back as tensors."""
+    images = _RINGS[token].copy_out(worker, count, n, channels_last)
+    return Batch(images, torch.from_numpy(targets), None if indices is None else torch.from_numpy(indices), bad)
 
 
 class RingBatch:
-    """What a worker hands over: where its images lie in the ring (and in which layout), everything else by
-    value."""
+    """What a worker hands over: its `count`-th batch lies in the ring (slot count % slots), the rest by value."""
 
-    __slots__ = ("token", "worker", "slot", "n", "channels_last", "columns", "bad")
+    __slots__ = ("token", "worker", "count", "n", "channels_last", "targets", "indices", "bad")
 
-    def __init__(self, token: str, worker: int, slot: int, n: int, channels_last: bool, columns: list, bad: int):
-        self.token, self.worker, self.slot, self.n = token, worker, slot, n
-        self.channels_last, self.columns, self.bad = channels_last, columns, bad
+    def __init__(self, token: str, worker: int, count: int, n: int, channels_last: bool, targets, indices,
+                 bad: int):
+        self.token, self.worker, self.count, self.n = token, worker, count, n
+        self.channels_last, self.targets, self.indices, self.bad = channels_last, targets, indices, bad
 
     def __reduce__(self):
-        return _take, (self.token, self.worker, self.slot, self.n, self.channels_last, self.columns, self.bad)
+        return _take, (self.token, self.worker, self.count, self.n, self.channels_last, self.targets,
+                       self.indices, self.bad)
 
 
 class ShmRing:
-    """The collate_fn of a loader with workers: `collate_skipping_bad`'s batches, the images passed through a ring
-    of `slots` shared buffers of `shape` (the largest batch) per worker. Batches that do not fit (another image
-    shape or dtype) fall back to the plain collate; so does a call outside a worker."""
+    """The collate_fn of a loader with workers: `collate`'s batches, the images passed through a ring of `slots`
+    shared buffers of `shape` (the largest batch) per worker. A batch that does not fit (another image shape or
+    dtype), or whose slot is not free yet, takes the plain collate; so does a call outside a worker."""
 
     def __init__(self, num_workers: int, slots: int, shape: tuple[int, ...], dtype: torch.dtype,
                  pin_memory: bool = False):
@@ -105,6 +90,9 @@ class ShmRing:
                 f"{shape} in {SHM_PATH} and it has no room ({err}). Fix: more shared memory (compose shm_size, "
                 "`docker run --shm-size=8g` or `--ipc=host`), or lower data.num_workers, data.prefetch_factor or "
                 "data.batch_size") from err
+        # received[w, s] = 1 + the count of worker w's last batch copied out of slot s (0: none since it started)
+        self.received = torch.zeros((num_workers, slots), dtype=torch.int64).share_memory_()
+        self.overruns = torch.zeros(1, dtype=torch.int64).share_memory_()  # batches that found their slot busy
         self.token = uuid.uuid4().hex
         self._pid, self._count, self._warned = None, 0, False
         _RINGS[self.token] = self
@@ -113,23 +101,41 @@ class ShmRing:
         self.__dict__.update(state)
         _RINGS.setdefault(self.token, self)  # a copy in the ring's own process leaves the original registered
 
-    def copy_out(self, worker: int, slot: int, n: int, channels_last: bool) -> torch.Tensor:
+    def copy_out(self, worker: int, count: int, n: int, channels_last: bool) -> torch.Tensor:
+        slot = count % self.slots
         shape = (n, *self.buffers.shape[3:])
-        count = math.prod(shape)
-        source = self.buffers[worker, slot].view(-1)[:count]
+        size = n * int(np.prod(shape[1:]))
+        source = self.buffers[worker, slot].view(-1)[:size]
         pin = self.pin_memory and torch.cuda.is_available()
-        copy = torch.empty(count, dtype=source.dtype, pin_memory=pin)
+        copy = torch.empty(size, dtype=source.dtype, pin_memory=pin)
         # numpy's single-threaded memcpy: torch's copy_ splits a batch over the intra-op threads, whose barrier
-        # waits for cores the workers hold (milliseconds per batch on 2 cores, vs ~50 us here)
+        # waits for cores the workers hold
         np.copyto(copy.numpy(), source.numpy())
+        self.received[worker, slot] = count + 1
         return batch_view(copy, shape, channels_last)
 
-    def __call__(self, batch: list):
+    def _next_slot(self, worker: int) -> int | None:
+        """This worker's next count if its slot's previous batch was received, else None (counted as an overrun)."""
+        if self._pid != os.getpid():  # this worker's first batch (fork copies the parent's counter)
+            self._pid, self._count = os.getpid(), 0
+            self.received[worker].zero_()  # the previous workers (persistent_workers=false) were joined
+        count = self._count
+        if count >= self.slots and int(self.received[worker, count % self.slots]) != count - self.slots + 1:
+            self.overruns += 1
+            if not self._warned:
+                self._warned = True
+                log.warning("worker %d: ring slot %d still holds a batch the loader has not received: DataLoader "
+                            "kept more than prefetch_factor batches outstanding; taking the plain collate",
+                            worker, count % self.slots)
+            return None
+        self._count += 1
+        return count
+
+    def __call__(self, samples: list):
         info = get_worker_info()
         if info is None:
-            return collate_skipping_bad(batch)
-        good = [sample for sample in batch if sample is not None]
-        bad = len(batch) - len(good)
+            return collate(samples)
+        good, bad = readable(samples)
         images = [sample[0] for sample in good]
         capacity = self.buffers.shape[2:]
         if not good or len(good) > capacity[0] or not stackable(images) or (
@@ -138,22 +144,22 @@ class ShmRing:
                 self._warned = True
                 log.warning("worker %d: a batch does not fit the shared-memory ring (%s of %s %s): plain collate",
                             info.id, len(good), type(images[0]).__name__, getattr(images[0], "shape", "?"))
-            return collate_skipping_bad(batch)
-        if self._pid != os.getpid():  # this worker's first batch (fork copies the parent's counter)
-            self._pid, self._count = os.getpid(), 0
-        slot = self._count % self.slots
-        self._count += 1
-        stack_images(images, self.buffers[info.id, slot])
-        columns = [_by_value(column) for column in default_collate([sample[1:] for sample in good])]
-        return RingBatch(self.token, info.id, slot, len(good), channels_innermost(images[0]), columns, bad)
+            return collate(samples)
+        count = self._next_slot(info.id)
+        if count is None:
+            return collate(samples)
+        stack_images(images, self.buffers[info.id, count % self.slots])
+        targets, indices = collate_labels(good)
+        return RingBatch(self.token, info.id, count, len(good), channels_innermost(images[0]), _by_value(targets),
+                         _by_value(indices), bad)
 
 
 def build_collate(data_cfg, loader_kwargs: dict):
     """The collate_fn for a loader with `loader_kwargs` (checked_loader_kwargs): a ShmRing sized from data.* when
-    it has workers, else `collate_skipping_bad`."""
+    it has workers, else `collate`."""
     num_workers = loader_kwargs.get("num_workers", 0)
     if num_workers == 0:
-        return collate_skipping_bad
+        return collate
     prefetch = loader_kwargs.get("prefetch_factor") or 2
     dtype = torch.uint8 if data_cfg.device_transforms else torch.float32
     shape = (data_cfg.batch_size, 3, data_cfg.image_size, data_cfg.image_size)

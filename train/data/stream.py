@@ -27,22 +27,24 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from train.data.batch import Batch
 from train.data.loader import build_sampler, checked_loader_kwargs, stateful_loader
 from train.data.resumable import EpochSeededDataset
 from train.data.ring import build_collate
 from train.data.workers import loader_seed
-from train.dist import DistEnv
+from train.dist import DistEnv, all_gather
 
 log = logging.getLogger(__name__)
 
 
-def _with_loader_state(loader: StatefulDataLoader, stateful: bool) -> Iterator[tuple]:
+def _with_position(loader: StatefulDataLoader, stateful: bool) -> Iterator[Batch]:
     """The loader's batches, each with the loader's state as of that batch (the workers' prefetch excluded).
 
     A function of the loader, not a TrainStream method: the stream holds this generator, which must not hold the
     stream back (a reference cycle leaves the workers to the garbage collector, see `shutdown_workers`)."""
     for batch in loader:
-        yield (*batch, loader.state_dict() if stateful else None)
+        batch.position = loader.state_dict() if stateful else None
+        yield batch
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
@@ -91,20 +93,19 @@ class TrainStream:
     """The training loader as the loop sees it: `len` = batches per epoch, iterating yields the rest of the
     current epoch (on the device), `state_dict`/`load_state_dict` = the position consumed.
 
-    `open_batches(batches)` turns the loader's batches into device batches (the DevicePrefetcher); it wraps the
+    `to_device(batches)` turns the loader's batches into device batches (the DevicePrefetcher); it wraps the
     whole multi-epoch iterator, so its one-batch-ahead copy also crosses epoch boundaries. Each batch carries the
-    loader's `state_dict()` taken the moment it left the loader, as a last tuple element that `open_batches` passes
-    through (the prefetcher keeps trailing elements); the stream strips it and keeps the one of the last batch it
-    yielded. So the state counts the batches handed to the loop, never the ones in flight, and a checkpoint taken
-    mid-epoch resumes exactly.
+    loader's `state_dict()` taken the moment it left the loader (`Batch.position`); the stream keeps the one of the
+    last batch it yielded. So the state counts the batches handed to the loop, never the ones in flight, and a
+    checkpoint taken mid-epoch resumes exactly.
 
     `state_dict()` = `{"epoch", "batch", "num_workers", "loader"}`: the stream's own count, which splits the
     batches into epochs, and the StatefulDataLoader's state that the data position is restored from.
     """
 
     def __init__(self, loader: StatefulDataLoader, batches: EpochBatchSampler,
-                 open_batches: Callable[[Iterable], Iterable]):
-        self.loader, self.batches, self.open_batches = loader, batches, open_batches
+                 to_device: Callable[[Iterable], Iterable]):
+        self.loader, self.batches, self.to_device = loader, batches, to_device
         self.epoch = self.batch = 0
         self.loader_state: dict | None = None  # loader.state_dict() as of the last batch yielded
         # With in_order=false, batches leave in completion order and torchdata keeps no exact state (it warns on
@@ -160,29 +161,58 @@ class TrainStream:
             return
         if self._iter is None:
             self.batches.start_epoch, self.batches.start_batch = self.epoch, self.batch
-            self._iter = iter(self.open_batches(_with_loader_state(self.loader, self.stateful)))
+            self._iter = iter(self.to_device(_with_position(self.loader, self.stateful)))
         while self.epoch == epoch:
             try:
-                *batch, state = next(self._iter)
+                batch = next(self._iter)
             except BaseException:
                 self._iter = None  # a failed iterator is finished; the next pass restarts from the position
                 raise
-            self.loader_state = state
+            self.loader_state = batch.position
             self.batch += 1
             if self.batch == per_epoch:
                 self.epoch, self.batch = epoch + 1, 0
-            yield tuple(batch)
+            yield batch
 
 
 def build_train_stream(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device, *, seed: int, epochs: int,
-                       open_batches: Callable[[Iterable], Iterable], record_indices: bool = False) -> TrainStream:
+                       to_device: Callable[[Iterable], Iterable]) -> TrainStream:
     """The training stream from data.*: a StatefulDataLoader with every DataLoader knob as for any loader, one
     batch sampler over all `epochs`, each sample's augmentation drawn from (seed, epoch, index) (resumable.py)."""
     kwargs = checked_loader_kwargs(data_cfg, env, device)
     del kwargs["batch_size"]  # the batch sampler batches
     sampler = build_sampler(dataset, data_cfg, env, train=True, seed=seed)
     batches = EpochBatchSampler(sampler, data_cfg.batch_size, data_cfg.drop_last, epochs)
-    loader = stateful_loader(EpochSeededDataset(dataset, seed, with_index=record_indices), batch_sampler=batches,
+    loader = stateful_loader(EpochSeededDataset(dataset, seed), batch_sampler=batches,
                              collate_fn=build_collate(data_cfg, kwargs), generator=torch.Generator().manual_seed(
                                  loader_seed(seed, env.rank)), **kwargs)
-    return TrainStream(loader, batches, open_batches)
+    return TrainStream(loader, batches, to_device)
+
+
+class LoaderPositions:
+    """Every rank's training-stream position, a Stateful part of the checkpoint: `gather` (on every rank, at the
+    same step) collects them; loading takes this rank's, or with another number of processes the shared
+    (epoch, batch) position alone, said in one line."""
+
+    def __init__(self, stream: TrainStream, env: DistEnv):
+        self.stream, self.env = stream, env
+        self.saved: dict | None = None
+
+    def gather(self, mid_epoch: bool) -> None:
+        """Collective: every rank calls it with the same `mid_epoch` (at an epoch's end there is no position)."""
+        self.saved = {"ranks": all_gather(self.stream.state_dict())} if mid_epoch else None
+
+    def state_dict(self) -> dict | None:
+        return self.saved
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is None:
+            return
+        ranks = state["ranks"]
+        mine = ranks[self.env.rank] if len(ranks) == self.env.world_size else None
+        if mine is None:
+            log.info("the checkpoint holds the loader positions of %d processes, this run has %d: every rank "
+                     "continues at epoch %d, batch %d of its new shard", len(ranks), self.env.world_size,
+                     ranks[0]["epoch"] + 1, ranks[0]["batch"])
+            mine = {"epoch": ranks[0]["epoch"], "batch": ranks[0]["batch"]}
+        self.stream.load_state_dict(mine)

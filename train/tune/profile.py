@@ -9,22 +9,22 @@ from omegaconf import OmegaConf
 
 from train.config import ConfigError
 
-DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "conf" / "hardware" / "local.yaml"
+DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "conf" / "hardware" / "local.yaml"
 
 
 def pick_best(results: list[dict], memory_budget_mb: float | None, tolerance: float) -> dict:
-    """The fastest measured setting whose peak RSS fits the budget; within `tolerance` of it, the least memory wins."""
+    """The fastest measured setting whose peak PSS fits the budget; within `tolerance` of it, the least memory wins."""
     measured = [r for r in results if r["status"] == "ok"]
     if not measured:
         raise ConfigError("tune.autotune=true: no setting was measured successfully; see the table for errors")
-    fits = [r for r in measured if memory_budget_mb is None or r["peak_rss_mb"] <= memory_budget_mb]
+    fits = [r for r in measured if memory_budget_mb is None or r["peak_pss_mb"] <= memory_budget_mb]
     if not fits:
-        least = min(r["peak_rss_mb"] for r in measured)
+        least = min(r["peak_pss_mb"] for r in measured)
         raise ConfigError(f"tune.memory_budget_mb={memory_budget_mb:g}: no setting fits (the smallest peaked at "
                           f"{least:.0f} MiB); raise the budget or sweep fewer data.num_workers")
     fastest = max(r["images_per_s"] for r in fits)
     near = [r for r in fits if r["images_per_s"] >= (1 - tolerance) * fastest]
-    return min(near, key=lambda r: (r["peak_rss_mb"], -r["images_per_s"]))
+    return min(near, key=lambda r: (r["peak_pss_mb"], -r["images_per_s"]))
 
 
 def profile_text(best: dict, machine_line: str, dataset: dict | None, budget: float | None) -> str:
@@ -41,7 +41,7 @@ def profile_text(best: dict, machine_line: str, dataset: dict | None, budget: fl
         f"# local: written by `python -m train.tune tune.autotune=true` on {datetime.now():%Y-%m-%d %H:%M}.",
         f"# Machine: {machine_line}.",
         f"# Dataset: {data_line}; measured on {how}, median of {best['settings']['tune']['repeats']} epochs.",
-        f"# Chosen: job {best['job']}, {best['images_per_s']:.1f} img/s, peak RSS {best['peak_rss_mb']:.0f} MiB"
+        f"# Chosen: job {best['job']}, {best['images_per_s']:.1f} img/s, peak PSS {best['peak_pss_mb']:.0f} MiB"
         f"{stall} (memory budget: {'none' if budget is None else f'{budget:g} MiB'}).",
         "# Re-run `make tune ARGS=tune.autotune=true` after changing the machine, the dataset or the batch size.",
     ]

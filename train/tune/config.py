@@ -14,13 +14,10 @@ from hydra import compose
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
-from train.config import ConfigError, _fail, register, validate
+from train.config import ConfigError, _fail, drop_worker_knobs, register, validate
 from train.data.loader import usable_cores
-
-WORKER_ONLY_KNOBS = {"prefetch_factor": None, "persistent_workers": False, "timeout": None,
-                     "multiprocessing_context": None}
 
 
 @dataclass
@@ -36,7 +33,7 @@ class TuneConfig:
     tolerance: float = 0.05  # within this fraction of the fastest, the configuration using less memory wins
     profile_path: str | None = None  # null = conf/hardware/local.yaml (then usable as hardware=local)
     plot: bool = True
-    rss_interval_s: float = 0.1  # how often memory and /dev/shm are sampled while a configuration runs
+    memory_interval_s: float = 0.1  # how often memory and /dev/shm are sampled while a configuration runs
 
 
 def register_tune() -> None:
@@ -61,22 +58,8 @@ def validate_tune(cfg) -> None:
         _fail("tune.memory_budget_mb", tune.memory_budget_mb, "use a positive number of MiB, or null for no limit")
     if not 0 <= tune.tolerance < 1:
         _fail("tune.tolerance", tune.tolerance, "use a fraction in [0, 1), e.g. 0.05")
-    if tune.rss_interval_s <= 0:
-        _fail("tune.rss_interval_s", tune.rss_interval_s, "use a positive number of seconds")
-
-
-def normalize_worker_knobs(cfg: DictConfig) -> list[str]:
-    """With data.num_workers=0 the worker-only knobs mean nothing: turn them off so a sweep such as
-    `data.num_workers=0,4 data.persistent_workers=true` stays valid. Returns the keys changed."""
-    changed = []
-    if cfg.data.num_workers != 0:
-        return changed
-    with open_dict(cfg):
-        for key, off in WORKER_ONLY_KNOBS.items():
-            if cfg.data[key] != off:
-                cfg.data[key] = off
-                changed.append(f"data.{key}")
-    return changed
+    if tune.memory_interval_s <= 0:
+        _fail("tune.memory_interval_s", tune.memory_interval_s, "use a positive number of seconds")
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
@@ -102,7 +85,7 @@ def check_sweep(config_name: str, overrides: list[str]) -> int:
             cause = str(err.__cause__ or "").splitlines()[:1]
             raise ConfigError("; ".join([str(err).splitlines()[0], *cause])) from err
         OmegaConf.resolve(cfg)
-        normalize_worker_knobs(cfg)
+        drop_worker_knobs(cfg)
         validate_tune(cfg)
     return len(jobs)
 
@@ -110,7 +93,7 @@ def check_sweep(config_name: str, overrides: list[str]) -> int:
 def default_sweep(cores: int | None = None, cuda: bool | None = None) -> str:
     """`make tune`'s sweep for this machine: workers 0..cores (every count up to 4, then steps of max(2, cores / 8)),
     so the 0.75 x cores starting point and the counts above it are both measured (on 2 cores, 2 workers measure
-    1.25-1.84x 0 workers: bench/RESULTS.md); pin_memory only with CUDA; persistence on and off."""
+    bench/RESULTS.md); pin_memory only with CUDA; persistence on and off."""
     cores = usable_cores() if cores is None else cores
     cuda = torch.cuda.is_available() if cuda is None else cuda
     start = max(1, int(0.75 * cores))

@@ -16,7 +16,7 @@ from train.data.loader import usable_cores
 
 CSV_FIELDS = ("job", "status", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size",
               "image_size", "images_per_s", "images_per_s_min", "images_per_s_max", "images_per_s_spread",
-              "first_batch_s", "peak_rss_mb", "peak_shm_mb", "data_stall_frac", "duplicate_of", "overrides", "error")
+              "first_batch_s", "peak_pss_mb", "peak_shm_mb", "data_stall_frac", "duplicate_of", "overrides", "error")
 
 
 def machine_info() -> dict:
@@ -95,7 +95,7 @@ def table(results: list[dict], best_job: int | None = None) -> str:
     """A fixed-width table of the sweep; the chosen job is starred. Keys swept beside the columns' own follow the
     status."""
     head = f"{'':1}{'job':>4} {'workers':>7} {'pin':>5} {'persist':>7} {'prefetch':>8} {'img/s':>9} {'spread':>7} " \
-           f"{'first batch s (per epoch)':<26} {'peak RSS MiB':>12} {'shm MiB':>8} {'stall':>6}  status"
+           f"{'first batch s (per epoch)':<26} {'peak PSS MiB':>12} {'shm MiB':>8} {'stall':>6}  status"
     lines = [head, "-" * len(head)]
     also = swept_elsewhere(results)
     for r in results:
@@ -110,7 +110,7 @@ def table(results: list[dict], best_job: int | None = None) -> str:
             f"{'*' if r['job'] == best_job else ' '}{r['job']:>4} {_fmt(d.get('num_workers'), '>7')} "
             f"{_fmt(d.get('pin_memory'), '>5')} {_fmt(d.get('persistent_workers'), '>7')} "
             f"{_fmt(d.get('prefetch_factor'), '>8')} {_fmt(r.get('images_per_s'), '>9.1f')} {spread:>7} "
-            f"{first:<26} {_fmt(r.get('peak_rss_mb'), '>12.0f')} {_fmt(r.get('peak_shm_mb'), '>8.1f')} {stall:>6}"
+            f"{first:<26} {_fmt(r.get('peak_pss_mb'), '>12.0f')} {_fmt(r.get('peak_shm_mb'), '>8.1f')} {stall:>6}"
             f"  {status}" + (f"  [{also[r['job']]}]" if also.get(r["job"]) else ""))
     return "\n".join(lines)
 
@@ -134,7 +134,7 @@ def _plot_groups(results: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
-    """Throughput, first-batch latency per epoch, peak RSS (and data stall) against num_workers, one line per
+    """Throughput, first-batch latency per epoch, peak PSS (and data stall) against num_workers, one line per
     (pin_memory, persistent_workers) pair."""
     import matplotlib
 
@@ -161,11 +161,11 @@ def plot(results: list[dict], path: Path, title: str) -> None:
             axes[1].plot(x, [r["first_batch_s"][epoch] for r in rows], marker="o", color=color,
                          linestyle="-" if epoch == 0 else "--", alpha=1.0 if epoch == 0 else 0.6,
                          label=label if epoch == 0 else None)
-        axes[2].plot(x, [r["peak_rss_mb"] for r in rows], marker="o", color=color, label=label)
+        axes[2].plot(x, [r["peak_pss_mb"] for r in rows], marker="o", color=color, label=label)
         if with_stall:
             axes[3].plot(x, [100 * r["data_stall_frac"] for r in rows], marker="o", color=color, label=label)
     titles = ["images/s (median, min-max over epochs)", "first-batch latency s (solid: epoch 1, dashed: later)",
-              "peak RSS MiB (main + workers)", "data stall % of step time"]
+              "peak PSS MiB (main + workers)", "data stall % of step time"]
     for ax, name in zip(axes, titles, strict=False):
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("num_workers")

@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from train.config import ConfigError
-from train.tune_config import check_sweep
-from train.tune_profile import pick_best, profile_text, write_profile
-from train.tune_report import describe_machine, gather, machine_info, table, write_report
+from train.tune.config import check_sweep
+from train.tune.profile import pick_best, profile_text, write_profile
+from train.tune.report import describe_machine, gather, machine_info, table, write_report
 
 log = logging.getLogger("train.tune")
 

@@ -1,0 +1,190 @@
+"""What a run measures, defined once: data wait, throughput, memory. The Trainer, the monitoring sinks, tune and
+bench all read these.
+
+Data wait is host time spent in `next(loader)`: from the end of one step (`stepped`) to the arrival of the next
+batch (`waited`). Steps are not synchronized with the device (a sync per step would stall the GPU it measures);
+an epoch's elapsed time ends after one device sync in `summary()`, so queued kernels are counted once.
+
+Memory counts each page once: PSS (proportional set size) shares a page among the processes that map it, so the
+shared-memory batch ring, the sample cache and a memory-mapped dataset count once for main + workers, where summed
+RSS counted them once per worker. USS is what a process alone holds (what ending it frees).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+from train.dist import DistEnv, all_reduce_max, all_reduce_sum
+
+SHM_PATH = "/dev/shm"
+MIB = 2**20
+
+
+@dataclass
+class ProcessMemory:
+    """Bytes: resident, proportional (shared pages split among their sharers) and unique to the process."""
+
+    rss: int
+    pss: int
+    uss: int
+
+    @classmethod
+    def of(cls, process: psutil.Process) -> ProcessMemory:
+        try:
+            info = process.memory_full_info()  # /proc/<pid>/smaps_rollup on Linux
+            return cls(info.rss, getattr(info, "pss", info.rss), info.uss)
+        except psutil.AccessDenied:
+            rss = process.memory_info().rss
+            return cls(rss, rss, rss)
+
+
+@dataclass
+class MemorySample:
+    """This process, each DataLoader worker (child pid -> memory), /dev/shm, CUDA memory on the device."""
+
+    main: ProcessMemory
+    workers: dict[int, ProcessMemory]
+    shm_used: int | None = None
+    shm_total: int | None = None
+    gpu_allocated: int | None = None
+    gpu_peak: int | None = None
+
+    @property
+    def total_pss(self) -> int:
+        """Main + workers, each page once."""
+        return self.main.pss + sum(worker.pss for worker in self.workers.values())
+
+
+def worker_memory() -> dict[int, ProcessMemory]:
+    """Each child process (the DataLoader workers), by pid; children that just exited are left out."""
+    memory = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            memory[child.pid] = ProcessMemory.of(child)
+        except psutil.NoSuchProcess:
+            continue
+    return memory
+
+
+def shm_used_bytes() -> int | None:
+    try:
+        return shutil.disk_usage(SHM_PATH).used
+    except OSError:  # no /dev/shm (macOS, Windows)
+        return None
+
+
+@dataclass
+class MemorySampler:
+    """Samples memory on demand and keeps the peaks: main + workers PSS, and /dev/shm use above `shm_base`."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    peak_pss: int = 0
+    peak_shm: int = 0
+    shm_base: int = field(default_factory=lambda: shm_used_bytes() or 0)
+
+    def sample(self) -> MemorySample:
+        sample = MemorySample(main=ProcessMemory.of(psutil.Process()), workers=worker_memory())
+        try:
+            shm = shutil.disk_usage(SHM_PATH)
+            sample.shm_used, sample.shm_total = shm.used, shm.total
+            self.peak_shm = max(self.peak_shm, shm.used - self.shm_base)
+        except OSError:
+            pass
+        if self.device.type == "cuda":
+            sample.gpu_allocated = torch.cuda.memory_allocated(self.device)
+            sample.gpu_peak = torch.cuda.max_memory_allocated(self.device)
+        self.peak_pss = max(self.peak_pss, sample.total_pss)
+        return sample
+
+
+@dataclass
+class EpochMeter:
+    """Times one epoch (or a window of it). Call `waited` when a batch arrives and `stepped` when its step is
+    queued; `restart` after a warm-up drops what came before from the figures."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    memory_every: int = 20  # steps between memory samples
+    start: float = field(default_factory=time.perf_counter)
+    data_wait_s: float = 0.0
+    first_batch_s: float | None = None
+    images: int = 0
+    steps: int = 0
+    bad_samples: int = 0
+    memory: MemorySampler | None = None
+    _loss_sum: torch.Tensor | float = 0.0  # kept on the loss's device: no sync per step
+    _mark: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._mark = self.start
+        self.memory = self.memory or MemorySampler(self.device)
+        self.memory.sample()
+
+    def waited(self) -> None:
+        now = time.perf_counter()
+        self.data_wait_s += now - self._mark
+        if self.first_batch_s is None:
+            self.first_batch_s = now - self.start
+        self._mark = now
+
+    def stepped(self, batch_size: int, loss: torch.Tensor | float = 0.0, bad: int = 0) -> None:
+        self.images += batch_size
+        self.steps += 1
+        self._loss_sum = self._loss_sum + loss * batch_size
+        self.bad_samples += bad
+        if self.steps % self.memory_every == 1:
+            self.memory.sample()
+        self._mark = time.perf_counter()
+
+    def restart(self) -> None:
+        """Start the figures afresh from now (after a warm-up); the first-batch latency is kept."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.start = self._mark = time.perf_counter()
+        self.data_wait_s, self.images, self.steps, self.bad_samples, self._loss_sum = 0.0, 0, 0, 0, 0.0
+
+    @property
+    def loss_sum(self) -> float:
+        """Sum of loss x batch size so far (reading it waits for the device)."""
+        return float(self._loss_sum)
+
+    def summary(self) -> dict:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - self.start
+        self.memory.sample()
+        return {
+            "train_loss": self.loss_sum / max(self.images, 1),
+            "images_per_s": self.images / elapsed if elapsed > 0 else 0.0,
+            "data_wait_frac": self.data_wait_s / elapsed if elapsed > 0 else 0.0,
+            "first_batch_s": self.first_batch_s if self.first_batch_s is not None else float("nan"),
+            "epoch_s": elapsed,
+            "peak_pss_mb": self.memory.peak_pss / MIB,
+            "bad_samples": self.bad_samples,
+            "images": self.images,
+        }
+
+
+def reduce_over_ranks(stats: dict, env: DistEnv, device: torch.device) -> dict:
+    """An epoch summary over all ranks: sums for counts and throughput, the slowest rank for latencies and
+    memory."""
+    if not env.distributed:
+        return stats
+    loss_sum, images, images_per_s, bad = all_reduce_sum(
+        [stats["train_loss"] * stats["images"], stats["images"], stats["images_per_s"], stats["bad_samples"]], device)
+    stats.update(train_loss=loss_sum / max(images, 1), images=int(images), images_per_s=images_per_s,
+                 bad_samples=int(bad))
+    for key in ("data_wait_frac", "first_batch_s", "epoch_s", "peak_pss_mb"):
+        stats[key] = all_reduce_max(stats[key], device)
+    return stats
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
