@@ -4,6 +4,10 @@
 # BASE_IMAGE must already hold torch/torchvision at the versions of constraints.txt (torch 2.14.1 wheels are
 # CUDA 13.0 builds), so no CUDA wheel is downloaded here. The CUDA driver comes from the host through the NVIDIA
 # Container Toolkit at run time (see docs/container.md).
+# The default base: Ubuntu with torch 2.14.1+cu130 in the system Python 3.12 (cuBLAS 13.1.1.3, cuDNN 9.24.0.43).
+# Its digest is not recorded here: no registry is reachable from the machines loadout is built and tested on.
+# For a build that never drifts, print it (`docker buildx imagetools inspect <image>`) and build with
+# --build-arg BASE_IMAGE=pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime@sha256:<digest> (docs/container.md).
 ARG BASE_IMAGE=pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
@@ -17,8 +21,10 @@ ARG GID=1000
 # Extra packages for the Jupyter image (docker-compose.yml `jupyter` service); empty for training.
 ARG EXTRA_PIP_PACKAGES=""
 
+# PIP_BREAK_SYSTEM_PACKAGES: the 2.14 images keep torch in the system Python (PEP 668 marks it externally managed).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
@@ -30,12 +36,12 @@ RUN groupadd --non-unique --gid "${GID}" app \
 WORKDIR /app
 
 # Dependencies first, in their own layer: rebuilt only when pyproject.toml or constraints.txt change, not on
-# every source edit. The list comes from pyproject's [project].dependencies; constraints.txt pins torch to the
-# base image's version (checked first), so pip keeps the base's torch.
+# every source edit. The list comes from pyproject's [project].dependencies, every version from constraints.txt
+# (the lock CI tests), less the base image's CUDA stack; the base's torch must be the lock's (checked first).
 COPY pyproject.toml constraints.txt docker/deps_from_pyproject.py ./
-RUN python deps_from_pyproject.py > /tmp/requirements.txt \
- && python -m pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt ${EXTRA_PIP_PACKAGES} \
- && rm /tmp/requirements.txt deps_from_pyproject.py \
+RUN python deps_from_pyproject.py /tmp/constraints.txt > /tmp/requirements.txt \
+ && python -m pip install --no-cache-dir -c /tmp/constraints.txt -r /tmp/requirements.txt ${EXTRA_PIP_PACKAGES} \
+ && rm /tmp/requirements.txt /tmp/constraints.txt deps_from_pyproject.py \
  && python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
 
 # The source. `python -m train` runs from /app, so the configs in /app/conf are the ones used.

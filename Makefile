@@ -11,7 +11,7 @@ ARGS ?=
 NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup dataset train test test-fast lint test-container torchrun slurm gpu-check bench tune tensorboard clean
+.PHONY: help setup lock dataset train test test-fast lint test-container torchrun slurm gpu-check bench tune tensorboard clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -22,7 +22,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
-setup: $(VENV)/.installed ## Create .venv and install loadout (torch/torchvision pinned in constraints.txt)
+setup: $(VENV)/.installed ## Create .venv and install loadout (every version from the lock, constraints.txt)
+
+lock: setup ## Re-lock constraints.txt after editing pyproject.toml's dependencies (keeps existing pins, torch's too)
+	$(PY) -m pip install --quiet pip-tools
+	$(VENV)/bin/pip-compile --quiet --extra dev --strip-extras --allow-unsafe --no-emit-index-url \
+	  --no-emit-find-links --output-file constraints.txt pyproject.toml
 
 $(DATA)/.complete: | $(VENV)/.installed
 	$(PY) scripts/make_dataset.py --out $(DATA)

@@ -25,7 +25,7 @@ from train.data import build_data
 from train.data.cache import SharedSampleCache
 from train.data.datasets import Cifar10Dataset, ImageFolderDataset, build_datasets
 from train.data.loader import build_sampler
-from train.data.packed import PackedDataset
+from train.data.packed import PackedDataset, pack_split
 from train.data.resumable import EpochSeededDataset, sample_seed, sample_seeds
 from train.data.stream import EpochBatchSampler, build_train_stream
 from train.data.transforms import MEAN, STD, SeedPipeline, fit_square
@@ -249,8 +249,7 @@ def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoc
     """Packed training batches: each sample a 32 px window of its stored 37 px image, flipped or not, drawn from
     (seed, epoch, index) alone, so any batching, order or worker count gives the same pixels."""
     out = tmp_path / "packed"
-    subprocess.run([sys.executable, "scripts/pack_dataset.py", str(tiny_dataset), str(out), "--size", "37"],
-                   cwd=ROOT, check=True, capture_output=True)
+    pack_split(ImageFolderDataset(tiny_dataset / "train", min_side=37), out / "train", 37)
     dataset = EpochSeededDataset(PackedDataset(out / "train", SeedPipeline([v2.RandomCrop(32),
                                                                              v2.RandomHorizontalFlip()])), seed=0)
     keys = [(0, i) for i in range(len(dataset))]

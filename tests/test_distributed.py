@@ -236,6 +236,7 @@ def test_augmentation_is_a_function_of_seed_epoch_and_index(tiny_dataset):
     assert any(not torch.equal(dataset[(0, i)][0], dataset[(1, i)][0]) for i in range(8))
 
 
+@pytest.mark.slow
 def test_launcher_script_is_valid_bash():
     script = ROOT / "scripts" / "launch_multinode.sh"
     assert os.access(script, os.X_OK)

@@ -30,6 +30,7 @@ def clean_clone(tmp_path_factory) -> Path:
     return clone
 
 
+@pytest.mark.slow
 def test_help_lists_every_documented_target(clean_clone):
     targets = re.findall(r"^([a-zA-Z_-]+):.*## ", (clean_clone / "Makefile").read_text(), flags=re.M)
     assert {"setup", "dataset", "train", "test", "help"} <= set(targets)

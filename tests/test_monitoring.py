@@ -138,6 +138,7 @@ def test_monitor_with_real_workers_serves_and_writes(tmp_path):
         scrape(port)
 
 
+@pytest.mark.slow
 def test_dashboard_and_prometheus_config_parse_and_name_served_metrics(tmp_path):
     prom = yaml.safe_load(PROMETHEUS_YML.read_text())
     (job,) = prom["scrape_configs"]

@@ -7,6 +7,7 @@ remaining batches; the checkpoint's loader state is a StatefulDataLoader state t
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from tests.conftest import compose_config
 from train import checkpoint
 from train.data import build_data
-from train.data.stream import EpochBatchSampler
+from train.data.stream import EpochBatchSampler, LoaderPositions
 from train.dist import DistEnv
 from train.engine import Trainer
 from train.model import build_model
@@ -91,7 +92,8 @@ def test_state_taken_with_batches_in_flight_resumes_with_exactly_the_rest(tiny_d
     assert same(drain(resumed, range(state["epoch"], 2)), reference[stop:])
 
 
-def test_loader_state_for_other_worker_counts_and_old_checkpoints_resume_by_position(tiny_dataset):
+def test_loader_state_for_other_worker_counts_or_world_sizes_resumes_by_position_said_in_one_line(tiny_dataset,
+                                                                                                     caplog):
     reference = drain(pipeline(tiny_dataset, 0).train, range(2))
     first = pipeline(tiny_dataset, 2).train
     first.set_epoch(0)
@@ -100,11 +102,16 @@ def test_loader_state_for_other_worker_counts_and_old_checkpoints_resume_by_posi
             break
     state = first.state_dict()
     first.close()
-    for loaded in (state, {"epoch": state["epoch"], "batch": state["batch"]}):  # 2-worker state into 0 workers
-        resumed = pipeline(tiny_dataset, 0).train
-        resumed.load_state_dict(loaded)
-        assert resumed.loader.next_iter_state is None
-        assert same(drain(resumed, range(2)), reference[5:])
+    caplog.set_level(logging.INFO, logger="train.data.stream")
+    resumed = pipeline(tiny_dataset, 0).train
+    resumed.load_state_dict(state)  # a 2-worker state into 0 workers
+    assert "loader state is for 2 workers, this loader has 0" in caplog.text
+    assert resumed.loader.next_iter_state is None
+    assert same(drain(resumed, range(2)), reference[5:])
+    resumed = pipeline(tiny_dataset, 0).train
+    LoaderPositions(resumed, DistEnv()).load_state_dict({"ranks": [state, state]})  # saved by 2 processes
+    assert "loader positions of 2 processes, this run has 1" in caplog.text
+    assert same(drain(resumed, range(2)), reference[5:])
 
 
 class Keys(Dataset):

@@ -103,6 +103,7 @@ def test_worker_stuck_in_a_read_ends_the_run_naming_the_worker_and_the_file(smal
     assert not left, left
 
 
+@pytest.mark.slow
 def test_workers_outlive_stop_signals_from_outside_and_end_with_the_pipeline(tiny_dataset):
     """Slurm signals every process of a job step, Ctrl-C the whole process group: the workers keep loading (the main
     process decides when to stop), and still end when the pipeline closes (DataLoader's SIGTERM from the parent)."""

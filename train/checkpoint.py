@@ -74,8 +74,9 @@ def load(path: Path, device: torch.device) -> dict:
     try:
         state = torch.load(path, map_location=device, weights_only=False)
     except Exception as err:  # a truncated or foreign file: torch raises several types
-        raise ConfigError(f"trainer.resume: {path} is not a readable checkpoint ({err}): point it at a last.pt or "
-                          "best.pt, or use trainer.resume=null to start over") from err
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"trainer.resume: {path} is not a readable checkpoint ({reason}): point it at a last.pt "
+                          "or best.pt, or use trainer.resume=null to start over") from err
     found = state.get("format") if isinstance(state, dict) else None
     if found != FORMAT:
         raise ConfigError(f"trainer.resume: {path} has checkpoint format {found}, this loadout reads format "

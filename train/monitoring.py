@@ -142,6 +142,24 @@ class _MemoryCollector(Collector):
         yield from gauge("loadout_gpu_memory_peak_bytes", "Peak CUDA memory in tensors", s.gpu_peak)
 
 
+GAUGES = {  # key: (metric name, help)
+    "step": ("loadout_step", "Optimizer steps taken"),
+    "epoch": ("loadout_epoch", "Epochs completed"),
+    "loss": ("loadout_train_loss", "Training loss over the last window"),
+    "images_per_s": ("loadout_images_per_second", "Training images/s over the last window"),
+    "data_wait": ("loadout_data_wait_ratio", "Share of the last window spent waiting for data"),
+    "first_batch": ("loadout_first_batch_seconds", "Latency of this epoch's first batch"),
+    "val_acc": ("loadout_val_accuracy", "Validation accuracy after the last epoch"),
+    "val_loss": ("loadout_val_loss", "Validation loss after the last epoch"),
+}
+COUNTERS = {
+    "images": ("loadout_images", "Training images processed"),
+    "wait": ("loadout_data_wait_seconds", "Seconds the training loop waited for data"),
+    "train": ("loadout_train_seconds", "Seconds spent in the training loop"),
+    "bad": ("loadout_bad_samples", "Samples skipped as unreadable"),
+}
+
+
 class PrometheusSink:
     """An HTTP /metrics endpoint on its own registry; raises ConfigError at start when the port is taken."""
 
@@ -152,26 +170,11 @@ class PrometheusSink:
                               f"65535; use a base port <= {65535 - env.local_world_size + 1}")
         self.registry = CollectorRegistry(auto_describe=True)
         self.rank = rank = str(env.rank)
-        labels = {"labelnames": ["rank"], "registry": self.registry}
-
-        def gauge(name: str, doc: str) -> Gauge:  # its rank child appears on the first set: no fake zeros
-            return Gauge(name, doc, **labels)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, **labels).labels(rank)
-
-        self.step = gauge("loadout_step", "Optimizer steps taken")
-        self.epoch = gauge("loadout_epoch", "Epochs completed")
-        self.loss = gauge("loadout_train_loss", "Training loss over the last window")
-        self.images_per_s = gauge("loadout_images_per_second", "Training images/s over the last window")
-        self.data_wait = gauge("loadout_data_wait_ratio", "Share of the last window spent waiting for data")
-        self.first_batch = gauge("loadout_first_batch_seconds", "Latency of this epoch's first batch")
-        self.val_acc = gauge("loadout_val_accuracy", "Validation accuracy after the last epoch")
-        self.val_loss = gauge("loadout_val_loss", "Validation loss after the last epoch")
-        self.images_total = counter("loadout_images", "Training images processed")
-        self.wait_total = counter("loadout_data_wait_seconds", "Seconds the training loop waited for data")
-        self.train_total = counter("loadout_train_seconds", "Seconds spent in the training loop")
-        self.bad_total = counter("loadout_bad_samples", "Samples skipped as unreadable")
+        # a gauge's rank child appears on its first set: no fake zeros before the first window
+        self.gauges = {key: Gauge(name, doc, labelnames=["rank"], registry=self.registry)
+                       for key, (name, doc) in GAUGES.items()}
+        self.counters = {key: Counter(name, doc, labelnames=["rank"], registry=self.registry).labels(rank)
+                         for key, (name, doc) in COUNTERS.items()}
         self.registry.register(_MemoryCollector(sampler, rank))
         try:
             self._server, self._thread = start_http_server(self.port, addr=host, registry=self.registry)
@@ -184,27 +187,26 @@ class PrometheusSink:
             raise ConfigError(f"trainer.metrics_port={port}: {where} {fix}") from err
         log.info("metrics for rank %d on http://%s:%d/metrics", env.rank, host, self.port)
 
-    def _set(self, gauge: Gauge, value: float) -> None:
-        gauge.labels(self.rank).set(value)
+    def _set(self, key: str, value: float) -> None:
+        self.gauges[key].labels(self.rank).set(value)
 
     def write(self, w: StepWindow) -> None:
-        self._set(self.step, w.step)
+        self._set("step", w.step)
         if w.images:
-            self._set(self.loss, w.loss)
-        self._set(self.images_per_s, w.images_per_s)
-        self._set(self.data_wait, w.data_wait_frac)
+            self._set("loss", w.loss)
+        self._set("images_per_s", w.images_per_s)
+        self._set("data_wait", w.data_wait_frac)
         if w.first_batch_s is not None:
-            self._set(self.first_batch, w.first_batch_s)
-        self.images_total.inc(w.images)
-        self.wait_total.inc(max(w.data_wait_s, 0.0))
-        self.train_total.inc(max(w.elapsed_s, 0.0))
-        self.bad_total.inc(w.bad_samples)
+            self._set("first_batch", w.first_batch_s)
+        for key, value in (("images", w.images), ("wait", w.data_wait_s), ("train", w.elapsed_s),
+                           ("bad", w.bad_samples)):
+            self.counters[key].inc(max(value, 0))
 
     def write_epoch(self, record: dict) -> None:
-        self._set(self.epoch, record["epoch"])
-        for gauge, key in ((self.val_acc, "val_acc"), (self.val_loss, "val_loss")):
+        self._set("epoch", record["epoch"])
+        for key in ("val_acc", "val_loss"):
             if key in record:
-                self._set(gauge, record[key])
+                self._set(key, record[key])
 
     def close(self) -> None:
         self._server.shutdown()

@@ -1,8 +1,8 @@
 """Which precision the model computes in: fp16 autocast + GradScaler on CUDA (trainer.amp), bf16 autocast on a CPU
 with native bf16 (trainer.cpu_bf16), fp32 otherwise.
 
-trainer.cpu_bf16=auto decides from the CPU's own flags: AVX512-BF16 or AMX run bf16 matrix work natively (about
-twice fp32's throughput on ResNets, bench/RESULTS.md), while elsewhere bf16 is emulated and slower than fp32.
+trainer.cpu_bf16=auto decides from the CPU's own flags: AVX512-BF16 or AMX run bf16 matrix work natively (faster than
+fp32 on ResNets: bench/RESULTS.md), while elsewhere bf16 is emulated and slower than fp32.
 """
 
 from __future__ import annotations

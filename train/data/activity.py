@@ -30,7 +30,8 @@ class ActivityBoard:
 
     @property
     def table(self) -> np.ndarray:
-        """`rows` as a numpy view of the same shared pages: a row written in 1 us, not torch's 7."""
+        """`rows` as a numpy view of the same shared pages: a row write is a numpy store, not a torch op
+        (bench/RESULTS.md)."""
         if self._table is None:
             self._table = self.rows.numpy()
         return self._table

@@ -50,8 +50,7 @@ def sample_seeds(seed: int, epochs, indices) -> np.ndarray:
 def main_process_data_work() -> Iterator[None]:
     """num_workers=0: load samples in the main process as a DataLoader worker would, on one torch intra-op thread
     (workers get `torch.set_num_threads(1)`), and without touching the main process's RNG. Per-sample decode and
-    transforms gain nothing from more threads, while the idle ones spin on every core: with 2 threads on 2 cores,
-    224 px samples took the whole machine and came 3-10 % slower than on one (bench/RESULTS.md)."""
+    transforms gain nothing from more threads, while the idle ones spin on every core (bench/RESULTS.md)."""
     with one_torch_thread(), torch.random.fork_rng(devices=[]):
         yield
 

@@ -128,8 +128,8 @@ class TrainStream:
     def load_state_dict(self, state: dict) -> None:
         """Continue after the batches `state` counts: through `StatefulDataLoader.load_state_dict` when it holds a
         loader state for this many workers (torchdata restores only the same worker count), otherwise by starting
-        the batch sampler at (epoch, batch), which draws the same batches (checkpoints from before the loader
-        state, or another data.num_workers)."""
+        the batch sampler at (epoch, batch), which draws the same batches (another data.num_workers, said in one
+        line, or in_order=false, whose loader keeps no exact state)."""
         loader_state = state.get("loader")
         if loader_state is not None and state.get("num_workers") != self.loader.num_workers:
             log.info("the checkpoint's loader state is for %s workers, this loader has %d: resuming from its "

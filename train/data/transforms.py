@@ -7,8 +7,8 @@ cache) skip the Resize step: `fit_square` is the one place that makes them.
 
 The pipelines are `SeedPipeline`s: a v2.Compose whose single-tensor path calls each step's own `make_params` and
 `transform` directly (RandomCrop and RandomHorizontalFlip: v2's own draws, then a slice or a flip), the same RNG
-draws and pixels as v2 without its per-call input flattening, checks and dispatch (resize + crop + flip 66 -> 43 us
-a sample here). The packed format runs RandomCrop + RandomHorizontalFlip per batch instead (packed.py).
+draws and pixels as v2 without its per-call input flattening, checks and dispatch (bench/RESULTS.md). The packed
+format runs RandomCrop + RandomHorizontalFlip per batch instead (packed.py).
 """
 
 from __future__ import annotations

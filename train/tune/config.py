@@ -92,8 +92,8 @@ def check_sweep(config_name: str, overrides: list[str]) -> int:
 
 def default_sweep(cores: int | None = None, cuda: bool | None = None) -> str:
     """`make tune`'s sweep for this machine: workers 0..cores (every count up to 4, then steps of max(2, cores / 8)),
-    so the 0.75 x cores starting point and the counts above it are both measured (on 2 cores, 2 workers measure
-    bench/RESULTS.md); pin_memory only with CUDA; persistence on and off."""
+    so the 0.75 x cores starting point and the counts above it are both measured; pin_memory only with CUDA;
+    persistence on and off."""
     cores = usable_cores() if cores is None else cores
     cuda = torch.cuda.is_available() if cuda is None else cuda
     start = max(1, int(0.75 * cores))

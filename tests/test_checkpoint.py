@@ -1,0 +1,63 @@
+"""Checkpoints: one dict of Stateful parts with a format version; what a resume cannot honour fails in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import compose_config
+from train import checkpoint
+from train.config import ConfigError
+from train.data import build_data
+from train.dist import DistEnv
+from train.engine import Trainer
+from train.model import build_model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def trainer(tiny_dataset, tmp_path):
+    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+                          "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=2",
+                          "trainer.progress=false", "model.name=resnet18"])
+    data = build_data(cfg, DistEnv(), CPU)
+    return Trainer(cfg, DistEnv(), CPU, data, build_model(cfg.model.name, data.num_classes, CPU), tmp_path)
+
+
+def test_a_checkpoint_holds_each_stateful_part_and_the_format(trainer):
+    trainer.save()
+    state = checkpoint.load(trainer.checkpoint_path, CPU)
+    assert state["format"] == checkpoint.FORMAT
+    assert set(state) == {"format", "model", "optimizer", "scheduler", "scaler", "progress", "plan", "loader"}
+    assert state["plan"] == {"epochs": 2, "steps_per_epoch": 15, "world_size": 1}
+    trainer.resume(trainer.checkpoint_path)  # and reads back
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ({"model": {}, "progress": {}}, "has checkpoint format None, this loadout reads format"),
+    (b"not a checkpoint", "is not a readable checkpoint"),
+])
+def test_a_file_of_another_format_is_refused_in_one_line(trainer, tmp_path, content, message):
+    path = tmp_path / "other.pt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
+    with pytest.raises(ConfigError, match=message) as err:
+        trainer.resume(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_resume_with_fewer_epochs_than_begun_or_another_model_fails_in_one_line(trainer, tiny_dataset, tmp_path):
+    trainer.progress.epoch = 2
+    trainer.save()
+    trainer.cfg.trainer.epochs = 1
+    with pytest.raises(ConfigError, match="has begun epoch 2 already"):
+        trainer.resume(trainer.checkpoint_path)
+    trainer.cfg.trainer.epochs = 2
+    other = Trainer(trainer.cfg, DistEnv(), CPU, trainer.data, build_model("resnet34", 10, CPU), Path(tmp_path))
+    with pytest.raises(ConfigError, match="holds another model"):
+        other.resume(trainer.checkpoint_path)
