@@ -41,14 +41,14 @@ torchrun: setup dataset ## Train with torchrun on this box: make torchrun NPROC=
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m train $(ARGS)
 
 test: setup ## Run the test suite (lint included)
-	$(PY) -m ruff check train scripts tests bench
+	$(PY) -m ruff check train scripts tests bench examples
 	$(PY) -m pytest -q $(ARGS)
 
 test-fast: setup ## Run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 lint: setup ## ruff on the Python sources
-	$(PY) -m ruff check train scripts tests bench
+	$(PY) -m ruff check train scripts tests bench examples
 
 gpu-check: setup dataset ## On a GPU box: the CUDA tests, each GPU profile's short run, nccl, compile (scripts/gpu_check.py)
 	$(PY) -m pytest -q -m cuda $(ARGS)

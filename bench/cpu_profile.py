@@ -15,7 +15,7 @@ import torch
 from common import interleaved_samples, machine, pipeline, report, spread
 
 from train import precision
-from train.model import build_model
+from train.model import torchvision_model
 
 BATCH, STEPS, ROUNDS, TARGET = 32, 6, 3, 1.1
 
@@ -23,9 +23,9 @@ BATCH, STEPS, ROUNDS, TARGET = 32, 6, 3, 1.1
 def step_rate(images: torch.Tensor, targets: torch.Tensor, channels_last: bool, bf16: bool) -> float:
     """Images/s of STEPS training steps after one warm-up step, on a fresh model in this layout and precision."""
     torch.manual_seed(0)
-    model = build_model("resnet18", 10, torch.device("cpu"), channels_last=channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model = torchvision_model("resnet18", 10).to(memory_format=memory_format)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     images = images.contiguous(memory_format=memory_format)
     autocast = precision.autocast(torch.device("cpu"), amp=False, cpu_bf16=bf16)
     for step in range(STEPS + 1):

@@ -65,7 +65,7 @@ def data_wait(prefetch: bool, device: torch.device, *overrides: str, root: Path 
     320 px JPEG set unless `overrides` and `root` say otherwise."""
     cfg = config("hardware=a100", f"trainer.epochs={steps + 1}", *overrides, root=root)
     with build_data(cfg, DistEnv(), device) as data:
-        net = build_model(cfg.model.name, data.num_classes, device, channels_last=True)
+        net = build_model(cfg.model, data.num_classes, device, channels_last=True)
         step = TrainStep(cfg, DistEnv(), device, net, total_steps=steps)
         batches: Iterable[Batch] = _prefetched(data, cfg.trainer.epochs) if prefetch else _copied(data, device)
         meter = EpochMeter(device)

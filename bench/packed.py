@@ -22,7 +22,7 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         for split in ("train", "val"):  # 73 px: the resize size of the cpu profile's 64 px crops
             pack_split(ImageFolderDataset(DATA / split), Path(tmp) / split, 73, num_workers=2)
-        packed, jpeg = interleaved(lambda: rate("data.dataset=packed", f"data.root={tmp}"), lambda: rate(),
+        packed, jpeg = interleaved(lambda: rate("dataset=packed", f"data.root={tmp}"), lambda: rate(),
                                    rounds=3)
     report("packed / JPEG img/s", packed / jpeg, ">= 5", packed / jpeg >= 5,
            f"{packed:.0f} vs {jpeg:.0f} img/s, 2 workers, batch 64, 64 px crops; {machine()}")

@@ -21,7 +21,7 @@ from torchvision.datasets import ImageFolder
 PHOTO_DATA = Path(os.environ.get("PHOTO_DATA", ROOT / "data" / "photos-12mp"))
 BATCH, WORKERS, ROUNDS, TARGET = 8, 2, 3, 5.0
 KIT = (f"data.num_workers={WORKERS}", f"data.batch_size={BATCH}", "data.image_size=224", "trainer.epochs=3",
-       "data.persistent_workers=true", "data.dataset=imagefolder")
+       "data.persistent_workers=true", "dataset=imagefolder")
 
 
 def kit_rate(root: Path, *overrides: str) -> float:

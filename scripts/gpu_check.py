@@ -38,7 +38,7 @@ def facts() -> dict:
 def train(name: str, overrides: list[str], launcher: list[str]) -> dict:
     run_dir = OUT / name.replace(" ", "_").replace("+", "")
     args = [*launcher, "-m", "train", *overrides, f"data.root={DATA}", "trainer.epochs=1", "trainer.progress=false",
-            "data.dataset=imagefolder", f"hydra.run.dir={run_dir}"]
+            "dataset=imagefolder", f"hydra.run.dir={run_dir}"]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     row = {"run": name, "ok": done.returncode == 0}
     metrics = run_dir / "metrics.jsonl"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pack an ImageFolder (root/train, root/val) or CIFAR-10 into loadout's memory-mapped uint8 format.
 
-    python scripts/pack_dataset.py data/synthetic data/packed   # train with data.dataset=packed data.root=data/packed
+    python scripts/pack_dataset.py data/synthetic data/packed   # train with dataset=packed data.root=data/packed
     python scripts/pack_dataset.py cifar-10-batches-py data/cifar-packed --size 36
 
 Every image is made square at --size px (shorter side resized, centre crop); pick the training resize size
@@ -26,8 +26,8 @@ def main() -> None:
     args = parser.parse_args()
     cifar = (args.src / "data_batch_1").is_file() or (args.src / "cifar-10-batches-py").is_dir()
     for split in ("train", "val"):
-        dataset = Cifar10Dataset(args.src, split == "train") if cifar else ImageFolderDataset(
-            args.src / split, min_side=None if args.full_decode else args.size)
+        dataset = Cifar10Dataset(args.src, split) if cifar else ImageFolderDataset(
+            args.src, split, min_side=None if args.full_decode else args.size)
         written = pack_split(dataset, args.out / split, args.size, args.workers, source=str(args.src))
         print(f"{args.out / split}: {written} of {len(dataset)} images at {args.size}x{args.size}")
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
 from train import checkpoint
@@ -24,7 +25,7 @@ def trainer(tiny_dataset, tmp_path):
                           "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=2",
                           "trainer.progress=false", "model.name=resnet18"])
     data = build_data(cfg, DistEnv(), CPU)
-    return Trainer(cfg, DistEnv(), CPU, data, build_model(cfg.model.name, data.num_classes, CPU), tmp_path)
+    return Trainer(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), tmp_path)
 
 
 def test_a_checkpoint_holds_each_stateful_part_and_the_format(trainer):
@@ -58,6 +59,7 @@ def test_resume_with_fewer_epochs_than_begun_or_another_model_fails_in_one_line(
     with pytest.raises(ConfigError, match="has begun epoch 2 already"):
         trainer.resume(trainer.checkpoint_path)
     trainer.cfg.trainer.epochs = 2
-    other = Trainer(trainer.cfg, DistEnv(), CPU, trainer.data, build_model("resnet34", 10, CPU), Path(tmp_path))
+    resnet34 = OmegaConf.create({"_target_": "train.model.torchvision_model", "name": "resnet34"})
+    other = Trainer(trainer.cfg, DistEnv(), CPU, trainer.data, build_model(resnet34, 10, CPU), Path(tmp_path))
     with pytest.raises(ConfigError, match="holds another model"):
         other.resume(trainer.checkpoint_path)

@@ -90,7 +90,6 @@ def test_typos_and_wrong_types_fail_at_composition(override, message):
     (["data.timeout=-1"], "data.timeout=-1", ">= 0"),
     (["data.prefetch_factor=0"], "data.prefetch_factor=0", ">= 1"),
     (["data.sampler=shuffled"], "data.sampler='shuffled'", "distributed"),
-    (["data.dataset=imagenet"], "data.dataset='imagenet'", "imagefolder"),
     (["trainer.epochs=0"], "trainer.epochs=0", "positive"),
     (["trainer.max_steps=-1"], "trainer.max_steps=-1", "positive"),
     (["trainer.resume=/no/such/file.pt"], "trainer.resume", "no such checkpoint"),

@@ -82,7 +82,7 @@ def test_the_copy_of_the_next_batch_overlaps_the_current_compute():
 def trainer(root: Path, tmp_path: Path, *extra: str) -> Trainer:
     cfg = config(root, "trainer.device=cuda", "trainer.amp=true", *extra)
     data = build_data(cfg, DistEnv(), CUDA)
-    model = build_model(cfg.model.name, data.num_classes, CUDA, channels_last=cfg.trainer.channels_last)
+    model = build_model(cfg.model, data.num_classes, CUDA, channels_last=cfg.trainer.channels_last)
     return Trainer(cfg, DistEnv(), CUDA, data, model, tmp_path)
 
 

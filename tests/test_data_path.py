@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
-from train.config import ConfigError, validate
+from train.config import ConfigError
 from train.data import build_data
 from train.data.cache import SharedSampleCache
 from train.data.datasets import Cifar10Dataset, ImageFolderDataset, build_datasets
@@ -229,7 +229,7 @@ def test_pack_round_trip_equals_the_decoded_pixels(tiny_dataset, tmp_path):
     assert packed.classes == source.classes and np.array_equal(packed.targets, source.targets)
     for index in (0, 17, len(source) - 1):
         assert torch.equal(packed.load(index), fit_square(source.load(index), 37))
-    cfg = data_cfg(out, "data.dataset=packed", "data.num_workers=2")
+    cfg = data_cfg(out, "dataset=packed", "data.num_workers=2")
     batches = epoch_batches(build_data(cfg, DistEnv(), CPU), 0)
     assert batches[0][0].shape == (16, 3, 32, 32)
 
@@ -239,8 +239,8 @@ def test_pack_cifar10_round_trip_keeps_every_pixel_and_label(cifar_root, tmp_pat
     out = tmp_path / "cifar-packed"
     subprocess.run([sys.executable, "scripts/pack_dataset.py", str(cifar_root), str(out), "--size", "32"],
                    cwd=ROOT, check=True, capture_output=True)
-    for split, train in (("train", True), ("val", False)):
-        source, packed = Cifar10Dataset(cifar_root, train), PackedDataset(out / split)
+    for split in ("train", "val"):
+        source, packed = Cifar10Dataset(cifar_root, split), PackedDataset(out, split)
         assert packed.classes == source.classes and np.array_equal(packed.targets, source.targets)
         assert np.array_equal(packed.images, source.images)  # 32 px stored at 32 px: no resize, no crop
 
@@ -249,8 +249,9 @@ def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoc
     """Packed training batches: each sample a 32 px window of its stored 37 px image, flipped or not, drawn from
     (seed, epoch, index) alone, so any batching, order or worker count gives the same pixels."""
     out = tmp_path / "packed"
-    pack_split(ImageFolderDataset(tiny_dataset / "train", min_side=37), out / "train", 37)
-    dataset = EpochSeededDataset(PackedDataset(out / "train", SeedPipeline([v2.RandomCrop(32),
+    for split in ("train", "val"):
+        pack_split(ImageFolderDataset(tiny_dataset, split, min_side=37), out / split, 37)
+    dataset = EpochSeededDataset(PackedDataset(out / "train", transform=SeedPipeline([v2.RandomCrop(32),
                                                                              v2.RandomHorizontalFlip()])), seed=0)
     keys = [(0, i) for i in range(len(dataset))]
     whole = dataset.__getitems__(keys)
@@ -270,7 +271,7 @@ def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoc
     assert 5 <= flips <= 19  # p = 0.5 over 24 samples
     assert any(not torch.equal(a[0], b[0]) for a, b in zip(whole, dataset.__getitems__([(1, i) for i, _ in keys]),
                                                              strict=True))
-    cfgs = [data_cfg(out, "data.dataset=packed", f"data.num_workers={w}") for w in (0, 2)]
+    cfgs = [data_cfg(out, "dataset=packed", f"data.num_workers={w}") for w in (0, 2)]
     a, b = (epoch_batches(build_data(cfg, DistEnv(), CPU), 0) for cfg in cfgs)
     assert same(a, b)
 
@@ -301,9 +302,9 @@ def test_cache_stays_within_its_bound_and_is_filled_by_the_workers(tiny_dataset)
     size = round(32 * 256 / 224)
     bound = 100 * 3 * size * size  # room for fewer than the 240 training images
     cfg = data_cfg(tiny_dataset, f"data.cache_bytes={bound}", "data.num_workers=2")
-    train, _, _ = build_datasets(cfg.data)
+    train, _, _ = build_datasets(cfg)
     cache = train.cache
-    assert cache.nbytes <= bound and cache.capacity == bound // (3 * size * size + 1)
+    assert cache.nbytes <= bound and cache.capacity == bound // (3 * size * size + 9)
     pipeline = build_data(cfg, DistEnv(), CPU)
     cache = pipeline.train.loader.dataset.dataset.cache
     epoch0 = epoch_batches(pipeline, 0)
@@ -317,15 +318,15 @@ def test_cache_stays_within_its_bound_and_is_filled_by_the_workers(tiny_dataset)
 
 def test_cache_returns_copies():
     cache = SharedSampleCache(4, 8, 10**6)
-    image = cache.fetch(1, lambda i: torch.full((3, 10, 12), 7, dtype=torch.uint8))
-    assert image.shape == (3, 8, 8) and cache.filled.tolist() == [0, 1, 0, 0]
-    cache.fetch(1, None).zero_()
-    assert int(cache.fetch(1, None).min()) == 7
+    image, label = cache.fetch(1, lambda i: (torch.full((3, 10, 12), 7, dtype=torch.uint8), 3))
+    assert image.shape == (3, 8, 8) and label == 3 and cache.filled.tolist() == [0, 1, 0, 0]
+    cache.fetch(1, None)[0].zero_()
+    assert int(cache.fetch(1, None)[0].min()) == 7 and cache.fetch(1, None)[1] == 3
 
 
-def test_cache_is_for_jpeg_datasets_only(tiny_dataset):
-    with pytest.raises(ConfigError, match="data.cache_bytes"):
-        validate(data_cfg(tiny_dataset, "data.dataset=packed", "data.cache_bytes=1000"))
+def test_cache_is_for_datasets_that_decode(cifar_root):
+    with pytest.raises(ConfigError, match="data.cache_bytes=1000: the sample cache is for datasets that decode"):
+        build_datasets(data_cfg(cifar_root, "dataset=cifar10", "data.cache_bytes=1000"))
 
 
 # -- corrupt files ---------------------------------------------------------------------------------------------

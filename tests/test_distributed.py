@@ -228,7 +228,7 @@ def test_training_stream_resumes_mid_epoch_with_the_same_batches(tiny_dataset, w
 def test_augmentation_is_a_function_of_seed_epoch_and_index(tiny_dataset):
     """The same (epoch, index) gives the same pixels in any process and order; another epoch, another crop."""
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32"])
-    train, _, _ = build_datasets(cfg.data)
+    train, _, _ = build_datasets(cfg)
     dataset = EpochSeededDataset(train, seed=0)
     first = dataset[(0, 5)][0]
     dataset[(0, 6)]

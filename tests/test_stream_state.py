@@ -149,7 +149,7 @@ def test_checkpoint_holds_the_stateful_dataloader_state_and_resume_restores_it(t
 
     def trainer(run_dir: Path) -> Trainer:
         data = build_data(cfg, DistEnv(), CPU)
-        return Trainer(cfg, DistEnv(), CPU, data, build_model(cfg.model.name, data.num_classes, CPU), run_dir)
+        return Trainer(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), run_dir)
 
     first = trainer(tmp_path / "a")
     first.train_epoch()  # stops after step 4 (max_steps); the checkpoint is from step 3

@@ -15,7 +15,7 @@ from train.model import build_model
 
 
 def test_cifar10_reads_python_batches(cifar_root):
-    train, val = Cifar10Dataset(cifar_root.parent, True), Cifar10Dataset(cifar_root, False)
+    train, val = Cifar10Dataset(cifar_root.parent, "train"), Cifar10Dataset(cifar_root, "val")
     assert (len(train), len(val), len(train.classes)) == (100, 30, 10)
     image, label = train[0]
     assert tuple(image.shape) == (3, 32, 32) and 0 <= label < 10
@@ -23,7 +23,7 @@ def test_cifar10_reads_python_batches(cifar_root):
 
 @pytest.mark.slow
 def test_cifar10_trains_from_its_folder(cifar_root, small_run_args, tmp_path):
-    result = run_cli([*small_run_args, "data.dataset=cifar10", f"data.root={cifar_root}", "data.resize_size=32",
+    result = run_cli([*small_run_args, "dataset=cifar10", f"data.root={cifar_root}", "data.resize_size=32",
                       "data.num_workers=1", "trainer.epochs=1", "trainer.max_steps=3"])
     assert result.returncode == 0, result.stderr
     assert read_metrics(tmp_path / "run")[0]["val_samples"] == 30
@@ -31,7 +31,7 @@ def test_cifar10_trains_from_its_folder(cifar_root, small_run_args, tmp_path):
 
 @pytest.mark.slow
 def test_cifar10_missing_batches_is_a_clear_error(small_run_args, tmp_path):
-    result = run_cli([*small_run_args, "data.dataset=cifar10", f"data.root={tmp_path}"])
+    result = run_cli([*small_run_args, "dataset=cifar10", f"data.root={tmp_path}"])
     assert result.returncode == 2 and "missing CIFAR-10 batch files" in result.stderr
 
 
@@ -54,7 +54,7 @@ def test_micro_batches_short_of_an_accumulation_never_reach_the_next_epoch(tiny_
                           "trainer.epochs=2", "trainer.progress=false"])
     cpu = torch.device("cpu")
     data = build_data(cfg, DistEnv(), cpu)
-    trainer = Trainer(cfg, DistEnv(), cpu, data, build_model(cfg.model.name, data.num_classes, cpu), tmp_path)
+    trainer = Trainer(cfg, DistEnv(), cpu, data, build_model(cfg.model, data.num_classes, cpu), tmp_path)
     record = trainer.train_epoch()
     assert record["images"] == 15 * 16 and trainer.progress.step == 7
     assert all(p.grad is None for p in trainer.step.model.parameters())

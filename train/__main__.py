@@ -15,7 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from train.config import ConfigError, drop_worker_knobs, register, validate
+from train.config import ConfigError, check_command_line, drop_worker_knobs, register, validate
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
 from train.stop import RESUMABLE_EXIT, Stopped, StopSignal
@@ -48,12 +48,14 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     try:
         with build_data(cfg, env, device) as data:  # its workers end with the run (a multirun's next job starts)
             dist.init_process_group(env, device)
-            model = build_model(cfg.model.name, data.num_classes, device, channels_last=cfg.trainer.channels_last)
+            model = build_model(cfg.model, data.num_classes, device, channels_last=cfg.trainer.channels_last)
             trainer = Trainer(cfg, env, device, data, model, run_dir, monitor, stop, callbacks)
             # torchrun restarted the group: continue this run dir. Any rank's count: across nodes only the agent
             # whose process died counts a restart; the others restart theirs for the new rendezvous round.
             restarted = dist.any_rank(env.restart_count) > 0
             resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir, restarted=restarted)
+            if cfg.trainer.mode == "validate":
+                return [trainer.validate(Path(cfg.trainer.resume))]
             if resume_path is not None:
                 trainer.resume(resume_path)
             return trainer.fit()
@@ -94,6 +96,18 @@ def continue_command(run_dir: Path) -> str:
     return " ".join([launcher, *kept, f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
 
 
+def check_arguments(argv: list[str]) -> None:
+    """Bad overrides fail here in one line (train/config.py), before Hydra's multi-line composition error."""
+    if any(arg.startswith("-") for arg in argv):  # --help, --cfg, -m ...: Hydra's own business
+        return
+    try:
+        check_command_line(argv)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
+    check_arguments(sys.argv[1:])
     sys.argv.extend(hydra_rank_overrides(DistEnv.from_env()))
     main()

@@ -19,6 +19,7 @@ import torch
 from train.config import ConfigError
 
 LAST = "last.pt"
+BEST = "best.pt"  # the epoch with the highest val_acc so far
 FORMAT = 2  # 2: Stateful parts by name + "format"
 
 

@@ -6,7 +6,9 @@ wrong together (e.g. prefetch_factor with num_workers=0) before any DataLoader w
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,6 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-DATASETS = ("synthetic", "imagefolder", "cifar10", "packed")
 SAMPLERS = ("auto", "random", "sequential", "weighted", "distributed")
 MP_CONTEXTS = (None, "fork", "spawn", "forkserver")
 
@@ -29,15 +30,17 @@ WORKER_ONLY_KNOBS: dict[str, tuple] = {
 }
 
 
+SWAPPABLE_GROUPS = ("dataset", "model", "optimizer", "scheduler", "augment")  # `_target_` specs (conf/<group>/)
+
+
 class ConfigError(ValueError):
     """A bad setting: the message names the key and the fix."""
 
 
 @dataclass
 class DataConfig:
-    """The dataset, its transforms, and every DataLoader knob under DataLoader's own name."""
+    """Where the dataset lives, the image sizes, and every DataLoader knob under DataLoader's own name."""
 
-    dataset: str = "synthetic"
     root: str = "data/synthetic"
     image_size: int = 64
     resize_size: int | None = None  # default: image_size * 256 / 224 (the ImageNet recipe)
@@ -63,18 +66,11 @@ class DataConfig:
 
 
 @dataclass
-class ModelConfig:
-    name: str = "resnet18"  # any torchvision classification model name
-
-
-@dataclass
 class TrainerConfig:
+    mode: str = "train"  # train | validate (evaluate trainer.resume's checkpoint on the val split, one metrics row)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     epochs: int = 3
     max_steps: int | None = None  # stop after this many optimizer steps in total (smoke runs)
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
     label_smoothing: float = 0.0
     grad_accum_steps: int = 1
     amp: bool = False  # autocast + GradScaler on CUDA
@@ -94,8 +90,13 @@ class TrainerConfig:
 @dataclass
 class LoadoutConfig:
     data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # The swappable concerns: config groups of `_target_` specs (conf/<group>/*.yaml), built with instantiate.
+    dataset: Any = None
+    model: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    augment: Any = None
     # name -> {_target_: importable class, its arguments}: objects the Trainer calls back (train/engine.py)
     callbacks: dict[str, Any] = field(default_factory=dict)
 
@@ -148,8 +149,10 @@ def _fail(key: str, value: Any, fix: str) -> None:
 def validate(cfg: Any) -> None:
     """Reject settings that are wrong together, naming the key and the fix. Runs before any worker starts."""
     data, trainer = cfg.data, cfg.trainer
-    if data.dataset not in DATASETS:
-        _fail("data.dataset", data.dataset, f"choose one of {', '.join(DATASETS)}")
+    for group in SWAPPABLE_GROUPS:
+        if not OmegaConf.select(cfg, f"{group}._target_"):
+            _fail(f"{group}._target_", None, f"pick a {group} (e.g. {group}=<name of a conf/{group}/*.yaml>) or set "
+                  f"{group}._target_=your.module.Class")
     if data.sampler not in SAMPLERS:
         _fail("data.sampler", data.sampler, f"choose one of {', '.join(SAMPLERS)}")
     if data.multiprocessing_context not in MP_CONTEXTS:
@@ -165,9 +168,6 @@ def validate(cfg: Any) -> None:
     for key in ("timeout", "cache_bytes"):
         if (getattr(data, key) or 0) < 0:
             _fail(f"data.{key}", getattr(data, key), "use a number >= 0")
-    if data.cache_bytes and data.dataset not in ("synthetic", "imagefolder"):
-        _fail("data.cache_bytes", data.cache_bytes,
-              f"the sample cache is for JPEG datasets; data.dataset={data.dataset} is decoded already: set it to 0")
     if data.resize_size is not None and data.resize_size < data.image_size:
         _fail("data.resize_size", data.resize_size, f"use a size >= data.image_size ({data.image_size}) or null")
     if isinstance(nw, int) and nw < 0:
@@ -187,8 +187,14 @@ def validate(cfg: Any) -> None:
             _fail(f"trainer.{key}", value, "use a positive integer or null")
     if trainer.cpu_bf16 not in (True, False, "auto"):
         _fail("trainer.cpu_bf16", trainer.cpu_bf16, "use true, false or auto")
-    if trainer.lr <= 0:
-        _fail("trainer.lr", trainer.lr, "use a positive learning rate")
+    lr = OmegaConf.select(cfg, "optimizer.lr")
+    if lr is not None and lr <= 0:
+        _fail("optimizer.lr", lr, "use a positive learning rate")
+    if trainer.mode not in ("train", "validate"):
+        _fail("trainer.mode", trainer.mode, "use train or validate")
+    if trainer.mode == "validate" and trainer.resume in (None, "auto"):
+        _fail("trainer.resume", trainer.resume, "trainer.mode=validate evaluates a checkpoint: set trainer.resume to "
+              "its path (e.g. outputs/<run>/checkpoints/best.pt)")
     if trainer.metrics_port is not None and not 1 <= trainer.metrics_port <= 65535:
         _fail("trainer.metrics_port", trainer.metrics_port, "use a TCP port 1-65535 (e.g. 9400) or null")
     if trainer.device != "auto" and trainer.device != "cpu" and not trainer.device.startswith("cuda"):
@@ -199,15 +205,87 @@ def validate(cfg: Any) -> None:
         _fail("trainer.resume", trainer.resume, "no such checkpoint file: use auto, null, or a path to a .pt file")
 
 
-def instantiate(key: str, spec: Any) -> Any:
-    """hydra.utils.instantiate(spec), a `_target_` that does not import or build failing in one line naming `key`."""
+def instantiate(key: str, spec: Any, *args: Any, **kwargs: Any) -> Any:
+    """hydra.utils.instantiate(spec, ...), a `_target_` that does not import or build failing in one line naming
+    `key`."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
     try:
-        return hydra_instantiate(spec)
+        return hydra_instantiate(spec, *args, **kwargs)
     except InstantiationException as err:
+        if isinstance(err.__cause__, ConfigError):  # the target's own one-line error names its key already
+            raise err.__cause__ from None
         target = spec.get("_target_") if hasattr(spec, "get") else spec
+        if "Error locating target" in str(err) or isinstance(err.__cause__, ImportError):
+            raise import_failure(key, target, err) from err
         reason = str(err.__cause__ or err).strip().splitlines()[-1]
-        raise ConfigError(f"{key}._target_={target}: {reason}; check the module is importable (on PYTHONPATH) "
-                          "and the class name") from err
+        raise ConfigError(f"{key}._target_={target} failed to build: {reason}") from err
+
+
+def import_failure(key: str, target: str, err: BaseException) -> ConfigError:
+    """A `_target_` that does not import, in one line naming the key and the module."""
+    cause = err.__cause__ or err
+    reason = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+    module = target.rpartition(".")[0] or target
+    return ConfigError(f"{key}._target_={target}: cannot import {target!r} ({reason}); check that module {module!r} "
+                       "is on PYTHONPATH and the name is spelt as in the code")
+
+
+def check_command_line(overrides: list[str], config_name: str = "config") -> None:
+    """Compose the config as `python -m train` will, and turn Hydra's composition errors into one line naming the
+    key and the fix: a typo names the closest real key, an unknown group option lists the ones there are."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException
+
+    register()
+    conf_dir = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        try:
+            compose(config_name=config_name, overrides=overrides)
+        except MissingConfigException as err:
+            raise ConfigError(_missing_option(err)) from None
+        except HydraException as err:
+            text = f"{err} {err.__cause__ or ''}"
+            match = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", text)
+            if match is None:
+                raise ConfigError(str(err).strip().splitlines()[0]) from None
+            key = match.group(1) or match.group(2)
+            groups = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0].lstrip("+~")]
+            known = _dotted_keys(OmegaConf.to_container(compose(config_name=config_name, overrides=groups)))
+            raise ConfigError(f"{key}: {_closest(key, known)}") from None
+
+
+def _closest(key: str, known: list[str]) -> str:
+    """The fix for an unknown key: the closest real one (whole, else by its last part)."""
+    by_leaf = {k.rsplit(".", 1)[-1]: k for k in known}
+    leaf = key.rsplit(".", 1)[-1]
+    close = [by_leaf[leaf]] if leaf in by_leaf else difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not close:
+        near = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
+        close = [by_leaf[near[0]]] if near else []
+    hint = f"did you mean {close[0]}?" if close else "no such key (`python -m train --cfg job` lists them)"
+    if key.split(".", 1)[0] in SWAPPABLE_GROUPS:  # free-form sections: a key of your own is welcome with a +
+        hint += f" A new argument for your own class takes a leading +: +{key}=..."
+    return hint
+
+
+def _missing_option(err) -> str:
+    """`dataset=imagenet` when conf/dataset/imagenet.yaml does not exist: the options there are."""
+    missing = getattr(err, "missing_cfg_file", "") or ""
+    group, _, name = missing.rpartition("/")
+    options = ", ".join(getattr(err, "options", None) or [])
+    if not group:
+        return str(err).strip().splitlines()[0]
+    return (f"{group}={name}: no conf/{group}/{name}.yaml; choose one of {options} (or point {group}._target_ at a "
+            "class of your own)")
+
+
+def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    """The leaf keys of a config, dotted."""
+    if not isinstance(node, dict):
+        return [prefix] if prefix else []
+    keys = []
+    for key, value in node.items():
+        keys += _dotted_keys(value, f"{prefix}.{key}" if prefix else str(key))
+    return keys

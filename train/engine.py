@@ -1,4 +1,5 @@
-"""The epoch loop: train steps (train/step.py), evaluation, checkpoints, stop signals, one metrics row an epoch.
+"""The epoch loop: train steps (train/step.py), evaluation, checkpoints (last.pt, and best.pt by val_acc), stop
+signals, one metrics row an epoch; trainer.mode=validate evaluates a checkpoint instead.
 
 Callbacks (the `callbacks:` config group, `_target_` classes) see the run from outside: each may define
 `on_train_batch(trainer, batch)`, `on_save(trainer)` (every rank, before the checkpoint is written) and
@@ -14,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from train import checkpoint
-from train.config import ConfigError
+from train.config import ConfigError, instantiate
 from train.data import DataPipeline
 from train.data.batch import Batch
 from train.data.loader import explain_loader_error
@@ -49,6 +51,7 @@ class Progress(Record):
     epoch: int = 0  # the epoch in progress (0-based)
     step: int = 0  # optimizer steps taken in total
     batch_in_epoch: int = 0  # batches of `epoch` already trained
+    best_val_acc: float = -1.0  # of the epochs so far: best.pt holds that epoch's weights
 
 
 @dataclass
@@ -58,6 +61,12 @@ class Plan(Record):
     epochs: int = 0
     steps_per_epoch: int = 0
     world_size: int = 1
+
+    @property
+    def total_steps(self) -> int:
+        """The schedule's length: trainer.max_steps only cuts a run short (smoke runs), so a run stopped by it
+        and resumed later follows the same schedule."""
+        return self.epochs * self.steps_per_epoch
 
 
 class Trainer:
@@ -69,15 +78,15 @@ class Trainer:
         self.stop = stop or StopSignal()  # installed by whoever built it (python -m train); asked after each step
         self.callbacks = list(callbacks)
         tc = cfg.trainer
-        # The schedule spans the configured epochs; trainer.max_steps only cuts a run short (smoke runs), so a
-        # run stopped by it and resumed later follows the same schedule.
         self.plan = Plan(tc.epochs, max(len(data.train) // tc.grad_accum_steps, 1), env.world_size)
-        self.total_steps = tc.epochs * self.plan.steps_per_epoch
-        self.step = TrainStep(cfg, env, device, model, self.total_steps)
+        self.total_steps = self.plan.total_steps
+        mix = instantiate("augment", cfg.augment).batch_mix(data.num_classes, tc.seed)
+        self.step = TrainStep(cfg, env, device, model, self.total_steps, mix)
         self.progress = Progress()
         self.positions = LoaderPositions(data.train, env)
         self.metrics_path = run_dir / "metrics.jsonl"
         self.checkpoint_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST
+        self.best_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.BEST
 
     def _call(self, hook: str, *args) -> None:
         for callback in self.callbacks:
@@ -89,13 +98,16 @@ class Trainer:
     def parts(self) -> dict[str, checkpoint.Stateful]:
         return {**self.step.stateful(), "progress": self.progress, "plan": self.plan, "loader": self.positions}
 
-    def save(self) -> None:
-        """Called by every rank at the same step; rank 0 writes. The barrier after it keeps every rank from moving
-        on (or dying) before the file on disk is whole, so a restarted group resumes from one checkpoint."""
+    def save(self, best: bool = False) -> None:
+        """Called by every rank at the same step; rank 0 writes last.pt (and best.pt when `best`). The barrier
+        after it keeps every rank from moving on (or dying) before the file on disk is whole, so a restarted group
+        resumes from one checkpoint."""
         self._call("on_save")
         self.positions.gather(mid_epoch=self.progress.batch_in_epoch > 0)
         if self.env.is_main:
             checkpoint.save(self.parts(), self.checkpoint_path)
+            if best:
+                checkpoint.save(self.parts(), self.best_path)
         barrier()
 
     def resume(self, path: Path) -> None:
@@ -113,12 +125,8 @@ class Trainer:
                               "trainer.grad_accum_steps and process count")
         parts = self.parts()
         del parts["plan"]  # this run's plan stands; the saved one was checked above
-        try:
-            parts.pop("model").load_state_dict(state["model"])
-        except RuntimeError as err:
-            raise ConfigError(f"trainer.resume: {path} holds another model than model.name={self.cfg.model.name} "
-                              f"({str(err).splitlines()[0]})") from err
-        if state["scheduler"]["total_steps"] != self.step.total_steps:  # trainer.epochs changed: re-planned below
+        self.load_model(parts.pop("model"), state, path)
+        if saved.total_steps != self.total_steps:  # trainer.epochs changed: re-planned below
             del parts["scheduler"]
         if progress.batch_in_epoch >= len(self.data.train):  # stopped after the epoch's last batch: no position
             del parts["loader"]
@@ -127,14 +135,23 @@ class Trainer:
         if "scheduler" not in parts:
             self.step.scheduler = self.step.plan_schedule(progress.step)
             log.info("trainer.epochs=%d: the LR schedule is re-planned over %d steps (was %d), continuing at step %d "
-                     "with lr %.4g", tc.epochs, self.step.total_steps, state["scheduler"]["total_steps"],
-                     progress.step, self.step.scheduler.get_last_lr()[0])
+                     "with lr %.4g", tc.epochs, self.step.total_steps, saved.total_steps, progress.step,
+                     self.step.scheduler.get_last_lr()[0])
         self.data.set_epoch(progress.epoch)
         log.info("resumed from %s at epoch %d, batch %d, step %d", path, progress.epoch + 1,
                  progress.batch_in_epoch, progress.step)
         if progress.epoch >= tc.epochs:
             log.info("the run in %s is complete (trainer.epochs=%d): raise trainer.epochs to train it further",
                      path, tc.epochs)
+
+    def load_model(self, model: torch.nn.Module, state: dict, path: Path) -> None:
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as err:
+            name = OmegaConf.select(self.cfg, "model.name", default=None)
+            which = f"model.name={name}" if name else f"model._target_={self.cfg.model._target_}"
+            raise ConfigError(f"trainer.resume: {path} holds another model than {which} "
+                              f"({str(err).splitlines()[0]})") from err
 
     # -- loop ------------------------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -149,9 +166,11 @@ class Trainer:
             record["epoch_complete"] = complete = self.progress.batch_in_epoch >= len(self.data.train)
             records.append(record)
             self.monitor.on_epoch(self.progress.step, record)
+            best = complete and record["val_acc"] > self.progress.best_val_acc
             if complete:  # else cut short by trainer.max_steps: resume finishes this epoch
-                self.progress = Progress(epoch=self.progress.epoch + 1, step=self.progress.step)
-            self.save()
+                self.progress = Progress(epoch=self.progress.epoch + 1, step=self.progress.step,
+                                         best_val_acc=max(record["val_acc"], self.progress.best_val_acc))
+            self.save(best=best)
             self._call("on_epoch_end", record)
             if self.env.is_main:
                 append_jsonl(self.metrics_path, record)
@@ -207,7 +226,7 @@ class Trainer:
             if len(batch) == 0:  # every sample unreadable
                 meter.stepped(0, 0.0, batch.bad)
                 continue
-            loss, updated = self.step(batch)
+            loss, updated = self.step(batch, where=(self.progress.epoch, self.progress.batch_in_epoch))
             self.progress.step += updated
             meter.stepped(len(batch), loss, batch.bad)  # no .item(): the GPU is not synced every step
             self.monitor.on_step(self.progress.step, meter)
@@ -221,6 +240,18 @@ class Trainer:
                 break
         self.step.drop_partial()
         return reduce_over_ranks(meter.summary(), self.env, self.device)
+
+    def validate(self, path: Path) -> dict:
+        """trainer.mode=validate: the checkpoint's weights on the val split; one metrics row."""
+        state = checkpoint.load(path, self.device)
+        self.load_model(self.step.model, state, path)
+        record = {"mode": "validate", "checkpoint": str(path), "epoch": state["progress"]["epoch"],
+                  **self.evaluate()}
+        if self.env.is_main:
+            append_jsonl(self.metrics_path, record)
+            log.info("validate %s: val_loss %.4f  val_acc %.3f on %d samples", path, record["val_loss"],
+                     record["val_acc"], record["val_samples"])
+        return record
 
     def evaluate(self) -> dict:
         self.step.ddp.eval()

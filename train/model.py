@@ -1,20 +1,49 @@
-"""torchvision classifier factory (+ channels_last, torch.compile). Weights are never downloaded."""
+"""The model from the `model:` config group: any `_target_` that builds an nn.Module given `num_classes`
+(torchvision's classifiers by name: `torchvision_model`), optionally started from a state dict on disk
+(model.weights), then moved to the device (+ channels_last). Weights are never downloaded."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torchvision
+from omegaconf import OmegaConf
 
-from train.config import ConfigError
+from train.config import ConfigError, instantiate
 
 
-def build_model(name: str, num_classes: int, device: torch.device, *, channels_last: bool = False) -> torch.nn.Module:
+def torchvision_model(name: str, num_classes: int) -> torch.nn.Module:
     try:
-        model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+        return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
     except ValueError as err:
         raise ConfigError(f"model.name={name!r}: not a torchvision model ({err}); e.g. resnet18, resnet50, "
                           "mobilenet_v3_small") from err
+
+
+def build_model(model_cfg, num_classes: int, device: torch.device, *, channels_last: bool = False) -> torch.nn.Module:
+    spec = OmegaConf.create(OmegaConf.to_container(model_cfg, resolve=True))
+    weights = spec.pop("weights", None)
+    model = instantiate("model", spec, num_classes=num_classes)
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model._target_={spec._target_}: built a {type(model).__name__}, not a torch.nn.Module")
+    if weights is not None:
+        load_weights(model, Path(weights))
     model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """model.weights: a state dict (or a loadout checkpoint, whose `model` entry is one) loaded strictly."""
+    if not path.is_file():
+        raise ConfigError(f"model.weights={str(path)!r}: no such file; point it at a saved state dict (.pt)")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if isinstance(state, dict) and "model" in state and "format" in state:
+        state = state["model"]
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as err:
+        raise ConfigError(f"model.weights={str(path)!r}: does not fit this model ({str(err).splitlines()[0]})") \
+            from err

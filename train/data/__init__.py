@@ -63,7 +63,7 @@ class DataPipeline:
 def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
     """Datasets and loaders from cfg.data; every check that can fail runs here, before any worker starts."""
     data = cfg.data
-    train_ds, val_ds, num_classes = build_datasets(data)
+    train_ds, val_ds, num_classes = build_datasets(cfg)
     workers = resolve_num_workers(data.num_workers, env.local_world_size)
     board = ActivityBoard(2 * workers) if workers else None
     if board is not None:  # each worker notes the sample it reads: a stuck one is named when data.timeout fires

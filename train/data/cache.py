@@ -18,29 +18,32 @@ from train.data.transforms import fit_square
 
 
 class SharedSampleCache:
-    """Sample `i` < `capacity` decoded once, then read from shared memory by every worker."""
+    """Sample `i` < `capacity` decoded once, then read from shared memory by every worker: its image and label."""
 
     def __init__(self, num_samples: int, size: int, max_bytes: int):
         entry = 3 * size * size
         self.size = size
-        self.capacity = max(0, min(num_samples, max_bytes // (entry + 1)))  # +1: the slot's flag
+        self.capacity = max(0, min(num_samples, max_bytes // (entry + 9)))  # +9: the slot's label and flag
         self.slab = torch.empty((self.capacity, 3, size, size), dtype=torch.uint8).share_memory_()
+        self.labels = torch.empty(self.capacity, dtype=torch.int64).share_memory_()
         self.filled = torch.zeros(self.capacity, dtype=torch.uint8).share_memory_()
 
     @property
     def nbytes(self) -> int:
-        return self.slab.nbytes + self.filled.nbytes
+        return self.slab.nbytes + self.labels.nbytes + self.filled.nbytes
 
     def __len__(self) -> int:
         """Slots filled so far."""
         return int(self.filled.sum())
 
-    def fetch(self, index: int, load: Callable[[int], torch.Tensor]) -> torch.Tensor:
-        """The square uint8 image of sample `index`: from the slab, or `load`ed, fitted and stored."""
+    def fetch(self, index: int, load: Callable[[int], tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, int]:
+        """Sample `index` as (square uint8 image, label): from the slab, or `load`ed, fitted and stored."""
         if index < self.capacity and self.filled[index]:
-            return self.slab[index].clone()  # a copy: a transform must never write into the shared slab
-        image = fit_square(load(index), self.size)
+            return self.slab[index].clone(), int(self.labels[index])  # a copy: transforms never write the slab
+        image, label = load(index)
+        image = fit_square(image, self.size)
         if index < self.capacity:
             self.slab[index].copy_(image)
-            self.filled[index] = 1  # after the pixels: a reader that sees the flag sees the whole image
-        return image
+            self.labels[index] = int(label)
+            self.filled[index] = 1  # after the pixels: a reader that sees the flag sees the whole sample
+        return image, label

@@ -1,45 +1,40 @@
-"""Datasets: JPEG ImageFolder (the embedded default and real data) and CIFAR-10's python batches.
+"""Datasets: JPEG ImageFolder (the embedded default and real data) and CIFAR-10's python batches, built from the
+`dataset:` config group (`_target_`) like any user's own; `build_datasets` wraps each split in `Prepared`.
 
 Metadata lives in numpy arrays, never Python lists: a list of paths read by every worker is copied page by page
 into each worker (copy-on-read refcounts, pytorch/pytorch#13246) and worker memory grows over an epoch.
-A sample that fails to decode comes back as None: the collate function skips and counts it (data.on_bad_sample).
-With data.cache_bytes, decoded training samples live in a shared-memory cache (cache.py) from epoch 2 on.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import pickle
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 
 from train.config import ConfigError
 from train.data.cache import SharedSampleCache
 from train.data.decode import decode_image_file
-from train.data.loader import LoaderError
-from train.data.transforms import build_train_transform, build_val_transform, resize_size
+from train.data.prepared import Prepared, Transform, as_uint8_tensor
+from train.data.transforms import build_val_transform, resize_size
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-Transform = Callable[[torch.Tensor], torch.Tensor]
-
-
-class BadSampleError(LoaderError):
-    """An unreadable sample under data.on_bad_sample=raise."""
 
 
 class ImageFolderDataset(Dataset):
-    """root/<class>/<image> with classes sorted by name; decodes with libjpeg-turbo into a uint8 CHW tensor, a
-    JPEG at the smallest DCT scale whose shorter side stays >= `min_side` (decode.py; None: always whole)."""
+    """root/<split>/<class>/<image> (or root/<class>/<image> without a split) with classes sorted by name; decodes
+    with libjpeg-turbo into a uint8 CHW tensor, a JPEG at the smallest DCT scale whose shorter side stays >=
+    `min_side` (decode.py; None: always whole; loadout sets it from data.resize_size when data.scaled_decode)."""
 
-    def __init__(self, root: str | Path, transform: Transform | None = None, on_bad_sample: str = "warn",
-                 cache: SharedSampleCache | None = None, min_side: int | None = None):
-        root = Path(root)
+    def __init__(self, root: str | Path, split: str | None = None, min_side: int | None = None):
+        root = split_root(root, split) if split is not None else Path(root)
         self.classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         paths, targets = [], []
         for label, name in enumerate(self.classes):
@@ -51,38 +46,30 @@ class ImageFolderDataset(Dataset):
             raise ConfigError(f"data.root: no images under {root} (expected {root}/<class>/<image>.jpg)")
         self.paths = np.array(paths, dtype=np.bytes_)
         self.targets = np.array(targets, dtype=np.int64)
-        self.transform = transform
-        self.on_bad_sample = on_bad_sample
-        self.cache = cache
         self.min_side = min_side
 
     def __len__(self) -> int:
         return len(self.targets)
 
     def load(self, index: int) -> torch.Tensor:
-        """The decoded uint8 CHW image, before transforms."""
+        """The decoded uint8 CHW image."""
         with open(self.paths[index].decode(), "rb") as f:
             return decode_image_file(f.read(), self.min_side)
 
-    def __getitem__(self, index: int):
-        try:
-            image = self.load(index) if self.cache is None else self.cache.fetch(index, self.load)
-        except (RuntimeError, OSError, ValueError) as err:
-            path = self.paths[index].decode()
-            if self.on_bad_sample == "raise":
-                raise BadSampleError(f"cannot decode {path}: {err} (data.on_bad_sample=warn skips such files)") from err
-            log.warning("skipping unreadable image %s: %s", path, err)
-            return None
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.targets[index])
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.load(index), int(self.targets[index])
 
 
 class Cifar10Dataset(Dataset):
     """CIFAR-10 from its standard python-batches folder (cifar-10-batches-py); never downloaded at run time."""
 
-    def __init__(self, root: str | Path, train: bool, transform: Transform | None = None):
+    decoded = True  # its images are pixels already: nothing for the sample cache to save
+
+    def __init__(self, root: str | Path, split: str = "train"):
         root = Path(root)
+        if not root.exists():
+            raise ConfigError(f"data.root={str(root)!r} does not exist: point it at cifar-10-batches-py")
+        train = split == "train"
         if (root / "cifar-10-batches-py").is_dir():
             root = root / "cifar-10-batches-py"
         names = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
@@ -106,7 +93,6 @@ class Cifar10Dataset(Dataset):
                 self.classes = list(pickle.load(f, encoding="latin1")["label_names"])
         else:
             self.classes = [str(i) for i in range(int(self.targets.max()) + 1)]
-        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -114,11 +100,8 @@ class Cifar10Dataset(Dataset):
     def load(self, index: int) -> torch.Tensor:
         return torch.from_numpy(self.images[index])
 
-    def __getitem__(self, index: int):
-        image = self.load(index)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.targets[index])
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.load(index), int(self.targets[index])
 
 
 def split_root(root: str | Path, split: str) -> Path:
@@ -145,33 +128,69 @@ def _shared_cache(data_cfg, num_samples: int) -> SharedSampleCache:
     return SharedSampleCache(num_samples, resize_size(data_cfg), data_cfg.cache_bytes)
 
 
-def build_datasets(data_cfg, train_transform: Transform | None = None,
-                   val_transform: Transform | None = None) -> tuple[Dataset, Dataset, int]:
-    """(train, val, num_classes) for data.dataset; transforms default to the seed pipeline for its input size."""
-    kind = data_cfg.dataset
-    input_size = None  # the side of square inputs (packed, cached): their transforms skip the Resize
-    if kind in ("synthetic", "imagefolder"):
-        min_side = resize_size(data_cfg) if data_cfg.scaled_decode else None  # both splits resize the shorter side
-        train = ImageFolderDataset(split_root(data_cfg.root, "train"), None, data_cfg.on_bad_sample, min_side=min_side)
-        val = ImageFolderDataset(split_root(data_cfg.root, "val"), None, data_cfg.on_bad_sample, min_side=min_side)
-        if data_cfg.cache_bytes:
-            train.cache = _shared_cache(data_cfg, len(train))
-    elif kind == "cifar10":
-        if not Path(data_cfg.root).exists():
-            raise ConfigError(f"data.root={data_cfg.root!r} does not exist: point it at cifar-10-batches-py")
-        train = Cifar10Dataset(data_cfg.root, True)
-        val = Cifar10Dataset(data_cfg.root, False)
-    elif kind == "packed":
-        from train.data.packed import PackedDataset
+def build_datasets(cfg, train_transform: Transform | None = None,
+                   val_transform: Transform | None = None) -> tuple[Prepared, Prepared, int]:
+    """(train, val, num_classes): `dataset._target_` built with split="train" and "val", each wrapped in
+    `Prepared` with the augmentation recipe's transforms (augment.*; validation: Resize -> CenterCrop)."""
+    from train.config import instantiate
 
-        train = PackedDataset(split_root(data_cfg.root, "train"))
-        val = PackedDataset(split_root(data_cfg.root, "val"))
-        input_size = train.size
-    else:  # validate() rejects this earlier; kept for direct callers
-        raise ConfigError(f"data.dataset={kind!r}: unknown dataset")
-    if train.classes != val.classes:
-        raise ConfigError(f"data.root={data_cfg.root!r}: train/ and val/ have different classes")
-    train_input = resize_size(data_cfg) if getattr(train, "cache", None) is not None else input_size
-    train.transform = train_transform or build_train_transform(data_cfg, train_input)
-    val.transform = val_transform or build_val_transform(data_cfg, input_size)
-    return train, val, len(train.classes)
+    data_cfg = cfg.data
+    spec = dataset_spec(cfg.dataset)
+    train, val = (instantiate("dataset", spec, split=split) for split in ("train", "val"))
+    check_dataset(cfg, train, val)
+    if data_cfg.scaled_decode and hasattr(train, "min_side"):  # both splits resize the shorter side first
+        train.min_side = val.min_side = resize_size(data_cfg)
+    cache = None
+    if data_cfg.cache_bytes:
+        if getattr(train, "decoded", False):
+            raise ConfigError(f"data.cache_bytes={data_cfg.cache_bytes}: the sample cache is for datasets that "
+                              f"decode ({cfg.dataset._target_} stores decoded images already): set it to 0")
+        cache = _shared_cache(data_cfg, len(train))
+    input_size = getattr(train, "size", None)  # the side of square inputs (packed, cached): no Resize for them
+    train_input = resize_size(data_cfg) if cache is not None else input_size  # the cache stores fitted squares
+    train_transform = train_transform or instantiate("augment", cfg.augment).train_transform(data_cfg, train_input)
+    val_transform = val_transform or build_val_transform(data_cfg, input_size)
+    return (Prepared(train, train_transform, data_cfg.on_bad_sample, cache),
+            Prepared(val, val_transform, data_cfg.on_bad_sample), len(train.classes))
+
+
+def dataset_spec(spec):
+    """The `dataset:` spec to build: the group's files pass `root: ${data.root}`, which a class of your own named by
+    `dataset._target_=...` may not take; it is left out then."""
+    from hydra.utils import get_object
+
+    from train.config import import_failure
+
+    try:
+        target = get_object(spec._target_)
+    except Exception as err:  # ImportError, AttributeError, or Hydra's wrapping of them
+        raise import_failure("dataset", spec._target_, err) from err
+    params = inspect.signature(target).parameters.values()
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    if "root" in spec and not takes_any and "root" not in {p.name for p in params}:
+        spec = OmegaConf.masked_copy(spec, [key for key in spec if key != "root"])
+    return spec
+
+
+def check_dataset(cfg, train: Dataset, val: Dataset) -> None:
+    """What the data path needs of a dataset, checked before any worker starts: classes, the same on both splits,
+    and a first sample of (image, label)."""
+    target = cfg.dataset._target_
+    for split, dataset in (("train", train), ("val", val)):
+        if not hasattr(dataset, "classes") or not hasattr(dataset, "__len__"):
+            raise ConfigError(f"dataset._target_={target}: the {split} split needs `classes` (the class names) and "
+                              "`__len__`: a map-style Dataset")
+        if len(dataset) == 0:
+            raise ConfigError(f"dataset._target_={target}: the {split} split is empty")
+    if list(train.classes) != list(val.classes):
+        raise ConfigError(f"dataset._target_={target} (data.root={cfg.data.root!r}): train and val have different "
+                          "classes")
+    if hasattr(train, "transform"):  # transforms itself (packed): its samples are its own business
+        return
+    try:
+        image, label = train[0][:2]
+        as_uint8_tensor(image)
+        int(label)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"dataset._target_={target}: dataset[0] must be (image, label) with a PIL image or a uint8 "
+                          f"CHW tensor and an integer label ({err})") from err

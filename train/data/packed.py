@@ -50,14 +50,17 @@ def _crop_flip_plan(transform) -> tuple[tuple[int, int], float, list] | None:
 
 
 class PackedDataset(Dataset):
-    """One packed split: `.classes`, `.targets` (numpy) and `.size` (the stored side), uint8 CHW samples."""
+    """One packed split: `.classes`, `.targets` (numpy) and `.size` (the stored side), uint8 CHW samples; root/<split>
+    (or a split folder itself without `split`). It applies its `transform` itself, to whole batches."""
 
-    def __init__(self, split_dir: str | Path, transform: Transform | None = None):
-        self.split_dir = Path(split_dir)
+    decoded = True  # stored as pixels: nothing for the sample cache to save
+
+    def __init__(self, root: str | Path, split: str | None = None, transform: Transform | None = None):
+        self.split_dir = Path(root) / split if split is not None else Path(root)
         missing = [name for name in (IMAGES, TARGETS, META) if not (self.split_dir / name).is_file()]
         if missing:
             raise ConfigError(f"data.root: {self.split_dir} is not a packed split (missing {', '.join(missing)}); "
-                              "make one with `python scripts/pack_dataset.py SRC OUT` or set data.dataset=imagefolder")
+                              "make one with `python scripts/pack_dataset.py SRC OUT` or use dataset=imagefolder")
         meta = json.loads((self.split_dir / META).read_text())
         self.classes: list[str] = list(meta["classes"])
         self.size: int = int(meta["size"])

@@ -1,4 +1,5 @@
-"""The seed pipeline with torchvision.transforms.v2: Resize -> RandomCrop -> RandomHorizontalFlip -> (Normalize).
+"""Sample transforms with torchvision.transforms.v2: the steps the augmentation recipes (augment.py) compose, the
+validation pipeline (Resize -> CenterCrop), and the normalization on the device.
 
 Workers keep images uint8. With data.device_transforms=true the float conversion and Normalize run on the device
 (`DeviceNormalize`, used by train/data/prefetcher.py), so a quarter of the bytes cross to the GPU; otherwise they
@@ -95,32 +96,22 @@ def fit_square(image: torch.Tensor, size: int) -> torch.Tensor:
     return F.center_crop(F.resize(image, [size], antialias=True), [size, size])
 
 
-def _resize(data_cfg, input_size: int | None) -> list:
+def resize_steps(data_cfg, input_size: int | None) -> list:
     size = resize_size(data_cfg)
     return [] if input_size == size else [v2.Resize(size, antialias=True)]
 
 
-def _to_float(data_cfg) -> list:
+def to_float_steps(data_cfg) -> list:
     if data_cfg.device_transforms:
         return []
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
 
 
-def build_train_transform(data_cfg, input_size: int | None = None) -> SeedPipeline:
-    """`input_size`: the side of inputs already made square by `fit_square` (None: any decoded image)."""
-    return SeedPipeline([
-        *_resize(data_cfg, input_size),
-        v2.RandomCrop(data_cfg.image_size),
-        v2.RandomHorizontalFlip(),
-        *_to_float(data_cfg),
-    ])
-
-
 def build_val_transform(data_cfg, input_size: int | None = None) -> SeedPipeline:
     return SeedPipeline([
-        *_resize(data_cfg, input_size),
+        *resize_steps(data_cfg, input_size),
         v2.CenterCrop(data_cfg.image_size),
-        *_to_float(data_cfg),
+        *to_float_steps(data_cfg),
     ])
 
 

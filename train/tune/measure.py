@@ -89,8 +89,10 @@ def spread(samples: list[float]) -> float:
 def effective_settings(cfg: DictConfig, num_workers: int, pin_memory: bool) -> dict:
     """The knobs a hardware profile keeps, as the job applied them (resolved workers, pinning as the loader applies
     it), with the dataset and the measuring window: what the report and the written profile show."""
-    settings = {section: {key: cfg[section][key] for key in keys} for section, keys in PROFILE_KEYS.items()}
-    settings["data"].update(num_workers=num_workers, pin_memory=pin_memory, dataset=cfg.data.dataset,
+    settings = {section: {key: OmegaConf.select(cfg, f"{section}.{key}") for key in keys
+                          if OmegaConf.select(cfg, f"{section}.{key}") is not None}
+                for section, keys in PROFILE_KEYS.items()}
+    settings["data"].update(num_workers=num_workers, pin_memory=pin_memory, dataset=cfg.dataset._target_,
                             root=cfg.data.root)
     settings["tune"] = {key: cfg.tune[key] for key in ("repeats", "warmup_batches", "batches", "with_model")}
     return settings
@@ -144,11 +146,11 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     if len(loader) <= tune.warmup_batches:
         _fail("tune.warmup_batches", tune.warmup_batches,
               f"the train loader has only {len(loader)} batches per epoch: lower it, or data.batch_size")
-    dataset = {"name": cfg.data.dataset, "root": cfg.data.root, "batches_per_epoch": len(loader),
+    dataset = {"name": cfg.dataset._target_.rsplit(".", 1)[-1], "root": cfg.data.root, "batches_per_epoch": len(loader),
                "images_per_epoch": len(loader) * cfg.data.batch_size}
     step = None
     if tune.with_model:  # real training steps: the model, optimizer, precision and scaler of python -m train
-        model = build_model(cfg.model.name, pipeline.num_classes, device, channels_last=cfg.trainer.channels_last)
+        model = build_model(cfg.model, pipeline.num_classes, device, channels_last=cfg.trainer.channels_last)
         step = TrainStep(cfg, env, device, model, total_steps=tune.repeats * len(loader))
         step.ddp.train()
     per_epoch = min(len(loader), tune.warmup_batches + (tune.batches or len(loader)))
