@@ -177,6 +177,12 @@ def test_best_checkpoint_and_validate_mode_write_one_row(tiny_dataset, tmp_path)
     assert row["val_acc"] == pytest.approx(max(r["val_acc"] for r in records), abs=1e-9)
 
 
+def test_a_model_of_your_own_by_target_alone(tiny_dataset):
+    cfg = compose_config(small(tiny_dataset, "model._target_=torchvision.models.SqueezeNet"))
+    model = build_model(cfg.model, 10, CPU)  # the torchvision file's `name` is left out: the class takes none
+    assert type(model).__name__ == "SqueezeNet" and model(torch.zeros(1, 3, 32, 32)).shape == (1, 10)
+
+
 def test_model_weights_start_from_a_state_dict_on_disk(tmp_path):
     spec = OmegaConf.create({"_target_": "train.model.torchvision_model", "name": "resnet18", "weights": None})
     saved = build_model(spec, 10, CPU)

@@ -359,7 +359,7 @@ def test_corrupt_file_raises_under_on_bad_sample_raise(corrupt_dataset, tmp_path
                       "data.num_workers=2", "data.on_bad_sample=raise", "trainer.epochs=1", "trainer.progress=false",
                       f"hydra.run.dir={tmp_path / 'run'}"])
     assert result.returncode == 2
-    assert f"cannot decode {bad}" in result.stderr and "data.on_bad_sample=warn" in result.stderr
+    assert f"cannot read {bad}" in result.stderr and "data.on_bad_sample=warn" in result.stderr
 
 
 # -- device transforms -----------------------------------------------------------------------------------------

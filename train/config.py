@@ -7,6 +7,7 @@ wrong together (e.g. prefetch_factor with num_workers=0) before any DataLoader w
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
 import re
 from dataclasses import dataclass, field
@@ -221,6 +222,26 @@ def instantiate(key: str, spec: Any, *args: Any, **kwargs: Any) -> Any:
             raise import_failure(key, target, err) from err
         reason = str(err.__cause__ or err).strip().splitlines()[-1]
         raise ConfigError(f"{key}._target_={target} failed to build: {reason}") from err
+
+
+def fitted_spec(key: str, spec: Any, optional: tuple[str, ...]) -> Any:
+    """`spec` without the `optional` keys its `_target_` does not take: a group's file passes them to loadout's own
+    classes (dataset `root`, model `name`), and `<key>._target_=your.Class` on the command line keeps them."""
+    from hydra.utils import get_object
+
+    try:
+        target = get_object(spec._target_)
+    except Exception as err:  # ImportError, AttributeError, or Hydra's wrapping of them
+        raise import_failure(key, spec._target_, err) from err
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: pass everything
+        return spec
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return spec
+    names = {p.name for p in params}
+    resolved = OmegaConf.to_container(spec, resolve=True)  # interpolations (${data.root}) need the whole config
+    return OmegaConf.create({k: v for k, v in resolved.items() if k not in optional or k in names})
 
 
 def import_failure(key: str, target: str, err: BaseException) -> ConfigError:

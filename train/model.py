@@ -10,7 +10,7 @@ import torch
 import torchvision
 from omegaconf import OmegaConf
 
-from train.config import ConfigError, instantiate
+from train.config import ConfigError, fitted_spec, instantiate
 
 
 def torchvision_model(name: str, num_classes: int) -> torch.nn.Module:
@@ -24,7 +24,7 @@ def torchvision_model(name: str, num_classes: int) -> torch.nn.Module:
 def build_model(model_cfg, num_classes: int, device: torch.device, *, channels_last: bool = False) -> torch.nn.Module:
     spec = OmegaConf.create(OmegaConf.to_container(model_cfg, resolve=True))
     weights = spec.pop("weights", None)
-    model = instantiate("model", spec, num_classes=num_classes)
+    model = instantiate("model", fitted_spec("model", spec, optional=("name",)), num_classes=num_classes)
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model._target_={spec._target_}: built a {type(model).__name__}, not a torch.nn.Module")
     if weights is not None:

@@ -7,14 +7,12 @@ into each worker (copy-on-read refcounts, pytorch/pytorch#13246) and worker memo
 
 from __future__ import annotations
 
-import inspect
 import logging
 import pickle
 from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 
 from train.config import ConfigError
@@ -132,10 +130,10 @@ def build_datasets(cfg, train_transform: Transform | None = None,
                    val_transform: Transform | None = None) -> tuple[Prepared, Prepared, int]:
     """(train, val, num_classes): `dataset._target_` built with split="train" and "val", each wrapped in
     `Prepared` with the augmentation recipe's transforms (augment.*; validation: Resize -> CenterCrop)."""
-    from train.config import instantiate
+    from train.config import fitted_spec, instantiate
 
     data_cfg = cfg.data
-    spec = dataset_spec(cfg.dataset)
+    spec = fitted_spec("dataset", cfg.dataset, optional=("root",))  # a class of your own may take no root
     train, val = (instantiate("dataset", spec, split=split) for split in ("train", "val"))
     check_dataset(cfg, train, val)
     if data_cfg.scaled_decode and hasattr(train, "min_side"):  # both splits resize the shorter side first
@@ -152,24 +150,6 @@ def build_datasets(cfg, train_transform: Transform | None = None,
     val_transform = val_transform or build_val_transform(data_cfg, input_size)
     return (Prepared(train, train_transform, data_cfg.on_bad_sample, cache),
             Prepared(val, val_transform, data_cfg.on_bad_sample), len(train.classes))
-
-
-def dataset_spec(spec):
-    """The `dataset:` spec to build: the group's files pass `root: ${data.root}`, which a class of your own named by
-    `dataset._target_=...` may not take; it is left out then."""
-    from hydra.utils import get_object
-
-    from train.config import import_failure
-
-    try:
-        target = get_object(spec._target_)
-    except Exception as err:  # ImportError, AttributeError, or Hydra's wrapping of them
-        raise import_failure("dataset", spec._target_, err) from err
-    params = inspect.signature(target).parameters.values()
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-    if "root" in spec and not takes_any and "root" not in {p.name for p in params}:
-        spec = OmegaConf.masked_copy(spec, [key for key in spec if key != "root"])
-    return spec
 
 
 def check_dataset(cfg, train: Dataset, val: Dataset) -> None:

@@ -89,8 +89,7 @@ def spread(samples: list[float]) -> float:
 def effective_settings(cfg: DictConfig, num_workers: int, pin_memory: bool) -> dict:
     """The knobs a hardware profile keeps, as the job applied them (resolved workers, pinning as the loader applies
     it), with the dataset and the measuring window: what the report and the written profile show."""
-    settings = {section: {key: OmegaConf.select(cfg, f"{section}.{key}") for key in keys
-                          if OmegaConf.select(cfg, f"{section}.{key}") is not None}
+    settings = {section: {key: cfg[section][key] for key in keys if key in cfg[section]}  # a model may have no name
                 for section, keys in PROFILE_KEYS.items()}
     settings["data"].update(num_workers=num_workers, pin_memory=pin_memory, dataset=cfg.dataset._target_,
                             root=cfg.data.root)
