@@ -15,8 +15,9 @@ from hydra import compose, initialize_config_dir
 
 from train.config import register
 from train.data import DataPipeline, build_data
+from train.data.batch import Batch
 from train.dist import DistEnv
-from train.metrics import MIB, EpochMeter, worker_memory
+from train.metrics import EpochMeter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,15 +49,20 @@ def jpeg_files(root: Path) -> list[Path]:
 def images_per_s(batches: Iterable, step: Callable[[], None] | None = None) -> float:
     """Images per second over `batches` (train/metrics.py's EpochMeter), timed from the second batch on (the first
     pays for worker start-up)."""
-    meter = EpochMeter(memory_every=2**31)  # memory is not what these time
+    meter = EpochMeter()  # times only: no memory sampler
     for index, batch in enumerate(batches):
         meter.waited()
         if step is not None:
             step()
-        meter.stepped(len(batch))
+        meter.stepped(batch_size(batch))
         if index == 0:
             meter.restart()
     return meter.summary()["images_per_s"]
+
+
+def batch_size(batch) -> int:
+    """Images in a batch: the kit's Batch, or a stock loader's [images, targets]."""
+    return len(batch) if isinstance(batch, Batch) else batch[0].shape[0]
 
 
 def interleaved_samples(measure_a: Callable[[], float], measure_b: Callable[[], float],
@@ -78,11 +84,6 @@ def interleaved(measure_a: Callable[[], float], measure_b: Callable[[], float], 
 
 def spread(samples: list[float]) -> str:
     return f"{min(samples):.0f}-{max(samples):.0f}"
-
-
-def workers_uss_mb() -> dict[int, float]:
-    """What each child process (the DataLoader workers) holds alone, in MiB: its own pages, not the shared ones."""
-    return {pid: memory.uss / MIB for pid, memory in worker_memory().items()}
 
 
 def machine() -> str:

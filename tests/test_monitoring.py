@@ -103,7 +103,7 @@ def test_monitor_with_real_workers_serves_and_writes(tmp_path):
                       interval_s=0.0)
     data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 10, (64,)))
     loader = DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True)
-    meter, mid = EpochMeter(), None
+    meter, mid = EpochMeter(memory=sampler), None
     try:
         for step, (images, _) in enumerate(loader, start=1):
             meter.waited()

@@ -32,6 +32,8 @@ from train.stop import Stopped, StopSignal
 
 log = logging.getLogger(__name__)
 
+MEMORY_INTERVAL_S = 2.0  # how often main + workers PSS is sampled (a sample reads every process's page tables)
+
 
 class Record:
     """A dataclass as a Stateful checkpoint part."""
@@ -75,6 +77,7 @@ class Trainer:
                  callbacks: Sequence = ()):
         self.cfg, self.env, self.device, self.data, self.run_dir = cfg, env, device, data, run_dir
         self.monitor = monitor or Monitor()  # TensorBoard / Prometheus; closed by whoever built it
+        self.memory = self.monitor.sampler.start(MEMORY_INTERVAL_S)  # each epoch's peak PSS, off the step loop
         self.stop = stop or StopSignal()  # installed by whoever built it (python -m train); asked after each step
         self.callbacks = list(callbacks)
         tc = cfg.trainer
@@ -216,7 +219,7 @@ class Trainer:
         tc = self.cfg.trainer
         self.step.ddp.train()
         self.data.set_epoch(self.progress.epoch)
-        meter = EpochMeter(self.device)
+        meter = EpochMeter(self.device, self.memory)
         remaining = len(self.data.train) - self.progress.batch_in_epoch
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
         # remaining == 0: resumed from a checkpoint taken after the epoch's last batch, before its validation

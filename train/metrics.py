@@ -7,14 +7,18 @@ an epoch's elapsed time ends after one device sync in `summary()`, so queued ker
 
 Memory counts each page once: PSS (proportional set size) shares a page among the processes that map it, so the
 shared-memory batch ring, the sample cache and a memory-mapped dataset count once for main + workers, where summed
-RSS counted them once per worker. USS is what a process alone holds (what ending it frees).
+RSS counted them once per worker. USS is what a process alone holds (what ending it frees). Reading PSS walks each
+process's page tables (tens of ms for a training process), so it is sampled on a background thread, never in the
+step loop.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,12 +86,50 @@ def shm_used_bytes() -> int | None:
 
 @dataclass
 class MemorySampler:
-    """Samples memory on demand and keeps the peaks: main + workers PSS, and /dev/shm use above `shm_base`."""
+    """Samples memory on demand, or every `interval_s` on a thread of its own (`start`), and keeps the peaks: main +
+    workers PSS (overall, and since the last `take_peak`), and /dev/shm use above `shm_base`."""
 
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     peak_pss: int = 0
     peak_shm: int = 0
     shm_base: int = field(default_factory=lambda: shm_used_bytes() or 0)
+    latest: MemorySample | None = None
+    _window_peak: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self, interval_s: float) -> MemorySampler:
+        """Sample every `interval_s` until `stop()` or until nothing refers to this sampler any more (a daemon
+        thread holding only a weak reference: it never keeps a process or a finished run's sampler alive)."""
+        ref, stop = weakref.ref(self), self._stop
+
+        def run() -> None:
+            while not stop.wait(interval_s):
+                sampler = ref()
+                if sampler is None:
+                    return
+                sampler.sample()
+                del sampler
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=run, daemon=True, name="memory-sampler")
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the thread, with a last sample."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.sample()
+
+    def take_peak(self) -> int:
+        """Peak main + workers PSS since the last call (bytes); sampled now if nothing was since."""
+        if self._window_peak == 0:
+            self.sample()
+        peak, self._window_peak = self._window_peak, 0
+        return peak
 
     def sample(self) -> MemorySample:
         sample = MemorySample(main=ProcessMemory.of(psutil.Process()), workers=worker_memory())
@@ -101,30 +143,30 @@ class MemorySampler:
             sample.gpu_allocated = torch.cuda.memory_allocated(self.device)
             sample.gpu_peak = torch.cuda.max_memory_allocated(self.device)
         self.peak_pss = max(self.peak_pss, sample.total_pss)
+        self._window_peak = max(self._window_peak, sample.total_pss)
+        self.latest = sample
         return sample
 
 
 @dataclass
 class EpochMeter:
     """Times one epoch (or a window of it). Call `waited` when a batch arrives and `stepped` when its step is
-    queued; `restart` after a warm-up drops what came before from the figures."""
+    queued; `restart` after a warm-up drops what came before from the figures. `memory` (a MemorySampler, sampling
+    on its own thread) gives the epoch's peak PSS; without it the meter only times."""
 
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    memory_every: int = 20  # steps between memory samples
+    memory: MemorySampler | None = None
     start: float = field(default_factory=time.perf_counter)
     data_wait_s: float = 0.0
     first_batch_s: float | None = None
     images: int = 0
     steps: int = 0
     bad_samples: int = 0
-    memory: MemorySampler | None = None
     _loss_sum: torch.Tensor | float = 0.0  # kept on the loss's device: no sync per step
     _mark: float = 0.0
 
     def __post_init__(self) -> None:
         self._mark = self.start
-        self.memory = self.memory or MemorySampler(self.device)
-        self.memory.sample()
 
     def waited(self) -> None:
         now = time.perf_counter()
@@ -138,8 +180,6 @@ class EpochMeter:
         self.steps += 1
         self._loss_sum = self._loss_sum + loss * batch_size
         self.bad_samples += bad
-        if self.steps % self.memory_every == 1:
-            self.memory.sample()
         self._mark = time.perf_counter()
 
     def restart(self) -> None:
@@ -158,14 +198,13 @@ class EpochMeter:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - self.start
-        self.memory.sample()
         return {
             "train_loss": self.loss_sum / max(self.images, 1),
             "images_per_s": self.images / elapsed if elapsed > 0 else 0.0,
             "data_wait_frac": self.data_wait_s / elapsed if elapsed > 0 else 0.0,
             "first_batch_s": self.first_batch_s if self.first_batch_s is not None else float("nan"),
             "epoch_s": elapsed,
-            "peak_pss_mb": self.memory.peak_pss / MIB,
+            "peak_pss_mb": self.memory.take_peak() / MIB if self.memory is not None else float("nan"),
             "bad_samples": self.bad_samples,
             "images": self.images,
         }

@@ -249,7 +249,7 @@ class Monitor:
         if self.prometheus is not None:
             self.prometheus.write(window)
         if self.tensorboard is not None:
-            mem = self.sampler.sample()
+            mem = self.sampler.latest or self.sampler.sample()  # the sampler's thread keeps `latest` fresh
             self.tensorboard.write(window.step, {
                 "train/loss": window.loss if window.images else None,
                 "train/images_per_s": window.images_per_s,
@@ -276,6 +276,7 @@ class Monitor:
                                           if isinstance(value, int | float) and key != "epoch"})
 
     def close(self) -> None:
+        self.sampler.stop()
         for sink in (self.tensorboard, self.prometheus):
             if sink is not None:
                 sink.close()

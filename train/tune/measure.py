@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import threading
 import warnings
 from pathlib import Path
 
@@ -38,29 +37,10 @@ PROFILE_KEYS = {
 }
 
 
-class PeakSampler(threading.Thread):
-    """Samples memory (train/metrics.py: main + workers PSS, /dev/shm) in the background while a job runs."""
-
-    def __init__(self, interval_s: float):
-        super().__init__(daemon=True)
-        self.interval_s = interval_s
-        self.memory = MemorySampler()
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval_s):
-            self.memory.sample()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join()
-        self.memory.sample()
-
-
 def time_epoch(batches, device: torch.device, warmup: int, limit: int | None, step: TrainStep | None, bar) -> dict:
     """Iterate one epoch (or `warmup + limit` batches of it) through the EpochMeter; the figures count the batches
     after the warm-up."""
-    meter = EpochMeter(device)
+    meter = EpochMeter(device)  # memory is sampled on its own thread, outside the timing
     iterator = iter(batches)
     try:
         for index, batch in enumerate(iterator):
@@ -139,7 +119,7 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     with open_dict(cfg):
         cfg.trainer.epochs = tune.repeats  # the training path is built for exactly the epochs measured
     seed_everything(cfg.trainer.seed, env)
-    sampler = PeakSampler(tune.memory_interval_s)
+    sampler = MemorySampler()
     pipeline = build_data(cfg, env, device)
     loader = pipeline.train
     if len(loader) <= tune.warmup_batches:
@@ -157,7 +137,7 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     bar = tqdm(total=tune.repeats * per_epoch, desc=desc, leave=False, disable=not cfg.trainer.progress,
                dynamic_ncols=True)
     epochs = []
-    sampler.start()
+    sampler.start(tune.memory_interval_s)
     try:
         for epoch in range(tune.repeats):
             pipeline.set_epoch(epoch)
@@ -176,8 +156,8 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
         images_per_s_spread=spread(throughput),
         images_per_s_samples=throughput,
         first_batch_s=[e["first_batch_s"] for e in epochs],
-        peak_pss_mb=sampler.memory.peak_pss / MIB,
-        peak_shm_mb=sampler.memory.peak_shm / MIB,
+        peak_pss_mb=sampler.peak_pss / MIB,
+        peak_shm_mb=sampler.peak_shm / MIB,
         data_stall_frac=statistics.median(e["data_stall_frac"] for e in epochs) if tune.with_model else None,
         timed_batches_per_epoch=per_epoch - tune.warmup_batches,
     )
