@@ -13,13 +13,14 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
 from train import checkpoint
-from train.config import ConfigError, check_command_line, drop_worker_knobs, instantiate, validate
+from train.config import ConfigError, drop_worker_knobs, instantiate, validate
 from train.data import build_data
 from train.data.augment import BatchMix
 from train.data.datasets import build_datasets
 from train.data.resumable import EpochSeededDataset
 from train.dist import DistEnv
 from train.model import build_model
+from train.overrides import check_command_line
 from train.step import TrainStep
 
 CPU = torch.device("cpu")

@@ -15,9 +15,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from train.config import ConfigError, check_command_line, drop_worker_knobs, register, validate
+from train.config import ConfigError, drop_worker_knobs, register, validate
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
+from train.overrides import check_command_line
 from train.stop import RESUMABLE_EXIT, Stopped, StopSignal
 
 log = logging.getLogger("train")
