@@ -96,6 +96,15 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def training_at(run_dir: Path, rank: int = 0) -> tuple[int, int]:
+    """(epoch, batch in epoch) of the batch `rank` is training, from the SampleLog callback; (-1, -1) before."""
+    try:
+        epoch, batch = (run_dir / "samples" / f"at_rank{rank}").read_text().split()
+        return int(epoch), int(batch)
+    except (OSError, ValueError):  # not written yet, or caught mid-write
+        return -1, -1
+
+
 def epoch_samples(run_dir: Path, epoch: int, rank: int) -> list[list[int]]:
     """The batches of sample indices `rank` trained in `epoch` (0-based), from the SampleLog callback's files."""
     return json.loads((run_dir / "samples" / f"epoch{epoch:03d}_rank{rank}.json").read_text())["batches"]

@@ -2,7 +2,8 @@
 
 Written to <run dir>/samples/epoch<E>_rank<R>.json before every checkpoint (a checkpoint is never newer than the
 log), and read back when a resumed run starts mid-epoch, so the files describe exactly what the surviving run
-trained, restarts included.
+trained, restarts included. It also keeps <run dir>/samples/at_rank<R> = "<epoch> <batch in epoch>" of the batch
+being trained, so a test can signal a run at a known point of an epoch (`tests.conftest.training_at`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class SampleLog:
                 assert len(recorded["batches"]) >= done, (recorded, done)
                 self.batches = recorded["batches"][:done]
         self.batches.append(batch.indices.tolist())
+        at = trainer.run_dir / "samples" / f"at_rank{trainer.env.rank}"
+        at.parent.mkdir(parents=True, exist_ok=True)
+        at.write_text(f"{progress.epoch} {progress.batch_in_epoch}")
 
     def on_save(self, trainer) -> None:
         if self.epoch is not None:

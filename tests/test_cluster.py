@@ -20,7 +20,15 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import RECORD_SAMPLES, ROOT, assert_each_sample_once, free_port, read_metrics, wait_for
+from tests.conftest import (
+    RECORD_SAMPLES,
+    ROOT,
+    assert_each_sample_once,
+    free_port,
+    read_metrics,
+    training_at,
+    wait_for,
+)
 from train import checkpoint
 from train.data.synthetic import make_synthetic_imagefolder
 
@@ -93,7 +101,7 @@ def test_sbatch_job_file_trains_a_run_to_the_end(slurm, cluster_dataset, tmp_pat
 def test_preempted_job_requeues_and_continues_its_run_each_sample_once(slurm, cluster_dataset, tmp_path):
     job = sbatch(train_args(cluster_dataset), tmp_path)
     run_dir = tmp_path / "outputs" / "torchrun" / job
-    wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 300, "epoch 1 to end")
+    wait_for(lambda: training_at(run_dir) >= (1, 2), 300, "epoch 2 to be under way")
     # what Slurm sends the batch script before the time limit (#SBATCH --signal=B:USR1@120)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     wait_for(lambda: scontrol_job(job).get("Restarts") == "1", 120, "the job file to requeue its job", interval=0.2)

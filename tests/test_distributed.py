@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, free_port, read_metrics, wait_for
+from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, free_port, read_metrics, training_at, wait_for
 from train import checkpoint
 from train.data import build_data
 from train.data.datasets import build_datasets
@@ -136,7 +136,7 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resume_auto_matche
     args = [*dist_args(dist_dataset), f"hydra.run.dir={run_dir}"]
     agent = subprocess.Popen(torchrun_command(args), cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 300, "epoch 1 to end")
+    wait_for(lambda: min(training_at(run_dir, rank) for rank in (0, 1)) >= (1, 2), 300, "epoch 2 to be under way")
     agent.send_signal(signal.SIGTERM)
     out = agent.communicate(timeout=120)[0]
     assert agent.returncode != 0, "torchrun reports the signal it got"

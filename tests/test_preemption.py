@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import RECORD_SAMPLES, ROOT, epoch_samples, read_metrics, run_cli, wait_for
+from tests.conftest import RECORD_SAMPLES, ROOT, epoch_samples, read_metrics, run_cli, training_at, wait_for
 from train import checkpoint
 
 STEPS_PER_EPOCH = 15  # tiny_dataset: 240 training images / batch 16
@@ -53,7 +53,7 @@ def test_signal_stops_at_a_step_saves_the_position_and_resume_trains_exactly_the
     proc = subprocess.Popen([sys.executable, "-m", "train", *args(tiny_dataset, run_dir)], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 300, "epoch 1 to end")
+    wait_for(lambda: training_at(run_dir) >= (1, 2), 300, "epoch 2 to be under way")
     proc.send_signal(sig)
     time.sleep(0.05)
     proc.send_signal(sig)  # a second signal, as srun and torchrun forward what the process tree already got
