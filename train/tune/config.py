@@ -29,7 +29,7 @@ class TuneConfig:
     batches: int | None = 50  # batches timed per epoch after the warm-up; null = the rest of the epoch
     with_model: bool = False  # run real training steps too and report the data-stall fraction
     autotune: bool = False  # write the fastest configuration within memory_budget_mb as a hardware profile
-    memory_budget_mb: float | None = None  # peak RSS (main + workers) allowed; null = no limit
+    memory_budget_mb: float | None = None  # peak PSS (main + workers) allowed; null = no limit
     tolerance: float = 0.05  # within this fraction of the fastest, the configuration using less memory wins
     profile_path: str | None = None  # null = conf/hardware/local.yaml (then usable as hardware=local)
     plot: bool = True
