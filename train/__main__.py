@@ -98,7 +98,7 @@ def continue_command(run_dir: Path) -> str:
 
 
 def check_arguments(argv: list[str]) -> None:
-    """Bad overrides fail here in one line (train/config.py), before Hydra's multi-line composition error."""
+    """Bad overrides fail here in one line (train/overrides.py), before Hydra's multi-line composition error."""
     if any(arg.startswith("-") for arg in argv):  # --help, --cfg, -m ...: Hydra's own business
         return
     try:

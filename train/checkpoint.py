@@ -9,6 +9,7 @@ each part's `state_dict()` and the format version, and a file of another format 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,12 @@ def save(parts: dict[str, Stateful], path: Path) -> None:
     """Each part's state_dict() with the format version, through torch.save, never half a file."""
     state = {"format": FORMAT, **{name: part.state_dict() for name, part in parts.items()}}
     write_atomic(path, lambda f: torch.save(state, f))
+
+
+def copy_atomic(source: Path, path: Path) -> None:
+    """A copy of the file `source` at `path`, never half a file (best.pt from the last.pt just written)."""
+    with open(source, "rb") as f:
+        write_atomic(path, lambda out: shutil.copyfileobj(f, out, 2**22))
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

@@ -110,7 +110,7 @@ class Trainer:
         if self.env.is_main:
             checkpoint.save(self.parts(), self.checkpoint_path)
             if best:
-                checkpoint.save(self.parts(), self.best_path)
+                checkpoint.copy_atomic(self.checkpoint_path, self.best_path)
         barrier()
 
     def resume(self, path: Path) -> None:
