@@ -82,9 +82,8 @@ class Trainer:
         self.callbacks = list(callbacks)
         tc = cfg.trainer
         self.plan = Plan(tc.epochs, max(len(data.train) // tc.grad_accum_steps, 1), env.world_size)
-        self.total_steps = self.plan.total_steps
         mix = instantiate("augment", cfg.augment).batch_mix(data.num_classes, tc.seed)
-        self.step = TrainStep(cfg, env, device, model, self.total_steps, mix)
+        self.step = TrainStep(cfg, env, device, model, self.plan.total_steps, mix)
         self.progress = Progress()
         self.positions = LoaderPositions(data.train, env)
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -129,7 +128,7 @@ class Trainer:
         parts = self.parts()
         del parts["plan"]  # this run's plan stands; the saved one was checked above
         self.load_model(parts.pop("model"), state, path)
-        if saved.total_steps != self.total_steps:  # trainer.epochs changed: re-planned below
+        if saved.total_steps != self.plan.total_steps:  # trainer.epochs changed: re-planned below
             del parts["scheduler"]
         if progress.batch_in_epoch >= len(self.data.train):  # stopped after the epoch's last batch: no position
             del parts["loader"]
@@ -158,8 +157,8 @@ class Trainer:
 
     # -- loop ------------------------------------------------------------------------------------------------
     def done(self) -> bool:
-        max_steps = self.cfg.trainer.max_steps
-        return self.progress.step >= self.total_steps or (max_steps is not None and self.progress.step >= max_steps)
+        limit = min(self.plan.total_steps, self.cfg.trainer.max_steps or self.plan.total_steps)
+        return self.progress.step >= limit
 
     def fit(self) -> list[dict]:
         tc = self.cfg.trainer

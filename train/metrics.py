@@ -25,9 +25,9 @@ from pathlib import Path
 import psutil
 import torch
 
+from train.data.shm import SHM_PATH
 from train.dist import DistEnv, all_reduce_max, all_reduce_sum
 
-SHM_PATH = "/dev/shm"
 MIB = 2**20
 
 
