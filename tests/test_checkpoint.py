@@ -32,7 +32,8 @@ def test_a_checkpoint_holds_each_stateful_part_and_the_format(trainer):
     trainer.save()
     state = checkpoint.load(trainer.checkpoint_path, CPU)
     assert state["format"] == checkpoint.FORMAT
-    assert set(state) == {"format", "model", "optimizer", "scheduler", "scaler", "progress", "plan", "loader"}
+    assert set(state) == {"format", "model", "optimizer", "scheduler", "scaler", "micro_batch", "progress", "plan",
+                          "loader"}
     assert state["plan"] == {"epochs": 2, "steps_per_epoch": 15, "world_size": 1}
     trainer.resume(trainer.checkpoint_path)  # and reads back
 

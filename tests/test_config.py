@@ -31,9 +31,9 @@ def test_profile_carries_its_values(profile):
 
 
 @pytest.mark.parametrize("profile", ["rtx3060", "rtx4080", "a100"])
-def test_gpu_profiles_turn_on_amp_and_channels_last(profile):
+def test_gpu_profiles_train_on_cuda_with_precision_auto_and_channels_last(profile):
     cfg = compose_config([f"hardware={profile}"])
-    assert cfg.trainer.amp and cfg.trainer.channels_last
+    assert cfg.trainer.device == "cuda" and cfg.trainer.precision == "auto" and cfg.trainer.channels_last
     assert cfg.data.image_size == 224
 
 
@@ -43,7 +43,7 @@ def test_auto_profile_follows_the_machine():
     has_cuda = torch.cuda.is_available()
     assert cfg.data.num_workers == "auto"
     assert cfg.data.pin_memory is has_cuda
-    assert cfg.trainer.amp is has_cuda
+    assert cfg.trainer.device == "auto" and cfg.trainer.precision == "auto"
 
 
 def test_command_line_wins_over_profile():
@@ -117,7 +117,7 @@ def test_a_profiles_fixed_workers_are_capped_under_torchrun_and_typed_ones_warn(
 def test_under_torchrun_a_profile_worker_count_is_capped_in_one_line(small_run_args):
     """A rank as torchrun starts it, 4 processes on this node: rtx3060's 3 workers become max(1, 0.75 x cores / 4)."""
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "4"}
-    result = run_cli([*small_run_args, "hardware=rtx3060", "data.pin_memory=false", "trainer.amp=false",
+    result = run_cli([*small_run_args, "hardware=rtx3060", "data.pin_memory=false", "trainer.device=cpu",
                       "data.image_size=32", "trainer.epochs=1", "trainer.max_steps=1"], env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr

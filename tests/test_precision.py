@@ -1,33 +1,85 @@
-"""The cpu profile's precision: bf16 autocast decided from the CPU's flags, and the same accuracy as fp32."""
+"""trainer.precision: auto decided from the device (bf16 where native, fp16 + GradScaler before Ampere, fp32 on a CPU
+without native bf16), the old keys refused, the LR schedule held on a step fp16 skips, and bf16 learning as fp32."""
 
 from __future__ import annotations
 
 import logging
+import warnings
 
 import pytest
+import torch
 
 from tests.conftest import compose_config, read_metrics, run_cli
-from train.precision import cpu_flags, use_cpu_bf16
+from train.config import ConfigError, validate
+from train.dist import DistEnv
+from train.model import build_model
+from train.precision import cpu_flags, resolve
+from train.step import TrainStep
+
+CPU = torch.device("cpu")
 
 
-def test_auto_takes_bf16_only_where_the_cpu_has_it_and_says_so(caplog):
+def test_auto_takes_bf16_where_the_device_runs_it_natively_and_says_so(caplog):
     caplog.set_level(logging.INFO)
-    assert use_cpu_bf16("auto", flags={"avx512f", "avx512_bf16"})
-    assert "bf16 autocast on" in caplog.text and "avx512_bf16" in caplog.text
-    assert use_cpu_bf16("auto", flags={"amx_bf16", "amx_tile"})
-    assert not use_cpu_bf16("auto", flags={"avx2", "avx512f"})
-    assert "fp32" in caplog.records[-1].getMessage()
-    assert use_cpu_bf16(True, flags=set()) and not use_cpu_bf16(False, flags={"avx512_bf16"})
+    assert resolve("auto", CPU, flags={"avx512f", "avx512_bf16"}) == "bf16"
+    assert "avx512_bf16" in caplog.text
+    assert resolve("auto", CPU, flags={"amx_bf16", "amx_tile"}) == "bf16"
+    assert resolve("auto", CPU, flags={"avx2", "avx512f"}) == "fp32"
+    cuda = torch.device("cuda", 0)
+    assert resolve("auto", cuda, cuda_bf16=True) == "bf16"  # Ampere and later: no GradScaler
+    assert resolve("auto", cuda, cuda_bf16=False) == "fp16"  # Volta, Turing
+    assert resolve("fp32", cuda, cuda_bf16=True) == "fp32" and resolve("bf16", CPU, flags=set()) == "bf16"
 
 
 def test_this_machine_has_flags_to_decide_from():
     assert "fpu" in cpu_flags() or not cpu_flags()  # Linux lists them; elsewhere auto means fp32
 
 
-@pytest.mark.parametrize("profile", ["cpu", "auto"])
-def test_cpu_profiles_take_channels_last_and_bf16_where_native(profile):
+@pytest.mark.parametrize("profile", ["cpu", "auto", "rtx3060", "rtx4080", "a100"])
+def test_every_profile_takes_precision_auto(profile):
     cfg = compose_config([f"hardware={profile}"])
-    assert cfg.trainer.channels_last is True and cfg.trainer.cpu_bf16 == "auto"
+    assert cfg.trainer.channels_last is True and cfg.trainer.precision == "auto"
+
+
+def test_fp16_on_a_cpu_and_unknown_precisions_fail_in_one_line():
+    with pytest.raises(ConfigError, match=r"trainer.precision='fp16': fp16 .* is for CUDA"):
+        validate(compose_config(["hardware=cpu", "trainer.precision=fp16"]))
+    with pytest.raises(ConfigError, match=r"trainer.precision='fp8': use auto, bf16, fp16 or fp32"):
+        validate(compose_config(["trainer.precision=fp8"]))
+
+
+@pytest.mark.parametrize("old", ["trainer.amp=true", "trainer.cpu_bf16=auto"])
+def test_the_old_precision_keys_are_refused_naming_the_new_one(old):
+    result = run_cli([old, "hardware=cpu"], timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "renamed; use trainer.precision" in lines[0], result.stderr
+
+
+def test_a_step_fp16_skips_leaves_the_learning_rate_where_it_was(tiny_dataset):
+    """An enabled GradScaler (the CPU's, standing in for CUDA's: the same class and rule) and a gradient hook that
+    makes the first step's gradients inf: the optimizer and the schedule both hold, with no warning."""
+    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=4",
+                          "trainer.precision=fp32", "scheduler=cosine"])
+    model = build_model(cfg.model, 10, CPU)
+    step = TrainStep(cfg, DistEnv(), CPU, model, total_steps=10)
+    step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    step._scale = step.scaler.get_scale()
+    from train.data.batch import Batch
+
+    batch = Batch(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3]))
+    first = next(model.parameters())
+    poisoned = first.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    before, lr = first.detach().clone(), step.scheduler.get_last_lr()[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "lr_scheduler.step() before optimizer.step()" would fail here
+        _, updated = step(batch)
+    assert updated and torch.equal(first.detach(), before), "a step with inf gradients must be skipped"
+    assert step.scheduler.get_last_lr()[0] == lr and step.scheduler.last_epoch == 0
+    assert step.scaler.get_scale() == 2.0**15
+    poisoned.remove()
+    step(batch)
+    assert not torch.equal(first.detach(), before) and step.scheduler.last_epoch == 1
 
 
 @pytest.mark.slow
@@ -35,8 +87,8 @@ def test_bf16_channels_last_learns_as_well_as_fp32(learn_dataset, tmp_path):
     """3 epochs on the learning set: the cpu profile with bf16 forced on (whatever this CPU) against fp32
     channels_first, the same data and seed."""
     accuracy = {}
-    for name, extra in (("bf16", ["trainer.cpu_bf16=true"]),
-                        ("fp32", ["trainer.cpu_bf16=false", "trainer.channels_last=false"])):
+    for name, extra in (("bf16", ["trainer.precision=bf16"]),
+                        ("fp32", ["trainer.precision=fp32", "trainer.channels_last=false"])):
         run_dir = tmp_path / name
         result = run_cli(["hardware=cpu", f"data.root={learn_dataset}", "data.image_size=32", "data.batch_size=16",
                           "data.num_workers=2", "trainer.epochs=3", "trainer.progress=false",

@@ -37,7 +37,7 @@ def test_cifar10_missing_batches_is_a_clear_error(small_run_args, tmp_path):
 
 @pytest.mark.slow
 def test_bf16_accumulation_channels_last_weighted_sampler(small_run_args, tmp_path):
-    result = run_cli([*small_run_args, "data.num_workers=1", "data.sampler=weighted", "trainer.cpu_bf16=true",
+    result = run_cli([*small_run_args, "data.num_workers=1", "data.sampler=weighted", "trainer.precision=bf16",
                       "trainer.grad_accum_steps=2", "trainer.channels_last=true", "trainer.epochs=1",
                       "trainer.max_steps=3"])
     assert result.returncode == 0, result.stderr

@@ -1,7 +1,9 @@
 """`python -m train [overrides]`: compose the config with Hydra, validate it, train.
 
 Under torchrun every rank runs this file; ranks > 0 get quiet Hydra overrides and share rank 0's run dir.
-Exit status: 0 done, 2 bad input (one line naming the key), 75 stopped by a signal with a checkpoint to resume.
+Exit status: 0 done, 2 bad input (one line naming the key), 3 out of memory (one line with the sizes and the fix; a
+retry of the same config in the same run dir exits at once: train/no_retry.py), 75 stopped by a signal with a
+checkpoint to resume.
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ import sys
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from train import no_retry
 from train.config import ConfigError, drop_worker_knobs, register, validate
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
 from train.overrides import check_command_line
-from train.stop import RESUMABLE_EXIT, Stopped, StopSignal
+from train.step import OutOfMemory
+from train.stop import CONFIG_EXIT, OUT_OF_MEMORY_EXIT, RESUMABLE_EXIT, Stopped, StopSignal
 
 log = logging.getLogger("train")
 register()
@@ -32,6 +37,7 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     from train.config import instantiate
     from train.data import build_data
     from train.data.loader import plan_num_workers
+    from train.device import describe, select_device
     from train.engine import Trainer
     from train.model import build_model
     from train.monitoring import Monitor
@@ -40,15 +46,18 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     for key in drop_worker_knobs(cfg, typed=command_line_keys()):
         log.info("%s: off, as data.num_workers=0 starts no workers", key)
     validate(cfg)
+    no_retry.check(run_dir, cfg)
     cfg.data.num_workers = plan_num_workers(cfg.data.num_workers, env.local_world_size,
                                             typed="data.num_workers" in command_line_keys())
-    device = dist.select_device(cfg.trainer.device, env)
-    dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)
+    dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)  # before CUDA starts (cuBLAS reads env)
+    device = select_device(cfg.trainer.device, env)
+    if env.is_main:
+        log.info("device: %s", describe(device))
     callbacks = [instantiate(f"callbacks.{name}", spec) for name, spec in cfg.callbacks.items()]
     monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken metrics port fails before any worker
     try:
         with build_data(cfg, env, device) as data:  # its workers end with the run (a multirun's next job starts)
-            dist.init_process_group(env, device)
+            dist.init_process_group(env, device, data.val.loader.timeout)  # longer than a batch may take
             model = build_model(cfg.model, data.num_classes, device, channels_last=cfg.trainer.channels_last)
             trainer = Trainer(cfg, env, device, data, model, run_dir, monitor, stop, callbacks)
             # torchrun restarted the group: continue this run dir. Any rank's count: across nodes only the agent
@@ -73,13 +82,25 @@ def main(cfg: DictConfig) -> None:
             OmegaConf.resolve(cfg)
             run(cfg, run_dir, stop)
     except (ConfigError, LoaderError) as err:
-        log.error("%s", err)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        fail(err, CONFIG_EXIT)
+    except no_retry.RetryRefused as err:
+        fail(err, err.status)
+    except (OutOfMemory, torch.OutOfMemoryError) as err:
+        if not isinstance(err, OutOfMemory):  # outside a train step (model, evaluation): torch's first line
+            err = f"out of memory: {str(err).splitlines()[0]}; lower data.batch_size or the model's size"
+        no_retry.note(run_dir, cfg, OUT_OF_MEMORY_EXIT, str(err))
+        fail(err, OUT_OF_MEMORY_EXIT)
     except Stopped as stopped:
         if DistEnv.from_env().is_main:
             log.warning("%s; continue with: %s", stopped, continue_command(run_dir))
         sys.exit(RESUMABLE_EXIT)
+
+
+def fail(err, status: int) -> None:
+    """One line in the log and on stderr, then exit with `status`."""
+    log.error("%s", err)
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(status)
 
 
 def command_line_keys() -> set[str]:

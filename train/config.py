@@ -29,6 +29,13 @@ WORKER_ONLY_KNOBS: dict[str, tuple] = {
 }
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Keys that were renamed: the old name is refused in one line naming the new one.
+RENAMED = {
+    "trainer.amp": "trainer.precision (auto | bf16 | fp16 | fp32; auto picks bf16 where the device runs it natively)",
+    "trainer.cpu_bf16": "trainer.precision (auto | bf16 | fp32 on a CPU; auto = bf16 where the CPU has it natively)",
+}
+
 SWAPPABLE_GROUPS = ("dataset", "model", "optimizer", "scheduler", "augment")  # `_target_` specs (conf/<group>/)
 
 
@@ -72,10 +79,13 @@ class TrainerConfig:
     max_steps: int | None = None  # stop after this many optimizer steps in total (smoke runs)
     label_smoothing: float = 0.0
     grad_accum_steps: int = 1
-    amp: bool = False  # autocast + GradScaler on CUDA
-    cpu_bf16: Any = False  # bf16 autocast on CPU: true | false | auto (on where the CPU has native bf16)
+    precision: str = "auto"  # auto | bf16 | fp16 | fp32 (train/precision.py: auto = bf16 where native)
+    # samples per forward/backward; the optimizer still steps once per data.batch_size batch. null = the whole batch;
+    # auto = the whole batch, halved on running out of GPU memory (train/step.py)
+    micro_batch_size: Any = None
     channels_last: bool = False
     compile: bool = False
+    compile_mode: str = "default"  # torch.compile's mode: default | reduce-overhead | max-autotune | ...
     seed: int = 0
     deterministic: bool = False
     resume: str | None = None  # auto | path to a checkpoint | null; a torchrun restart always continues its run dir
@@ -184,8 +194,15 @@ def validate(cfg: Any) -> None:
         value = getattr(trainer, key)
         if value is not None and value < 1:
             _fail(f"trainer.{key}", value, "use a positive integer or null")
-    if trainer.cpu_bf16 not in (True, False, "auto"):
-        _fail("trainer.cpu_bf16", trainer.cpu_bf16, "use true, false or auto")
+    if trainer.precision not in ("auto", "bf16", "fp16", "fp32"):
+        _fail("trainer.precision", trainer.precision, "use auto, bf16, fp16 or fp32")
+    if trainer.precision == "fp16" and trainer.device == "cpu":
+        _fail("trainer.precision", "fp16", "fp16 (with its GradScaler) is for CUDA; on a CPU use bf16, fp32 or auto")
+    mbs = trainer.micro_batch_size
+    if not (mbs is None or mbs == "auto" or (isinstance(mbs, int) and not isinstance(mbs, bool) and mbs >= 1)):
+        _fail("trainer.micro_batch_size", mbs, "use null (the whole batch), auto, or a positive integer")
+    if trainer.compile_mode not in COMPILE_MODES:
+        _fail("trainer.compile_mode", trainer.compile_mode, f"choose one of {', '.join(COMPILE_MODES)}")
     lr = OmegaConf.select(cfg, "optimizer.lr")
     if lr is not None and lr <= 0:
         _fail("optimizer.lr", lr, "use a positive learning rate")
@@ -198,8 +215,8 @@ def validate(cfg: Any) -> None:
         _fail("trainer.metrics_port", trainer.metrics_port, "use a TCP port 1-65535 (e.g. 9400) or null")
     if trainer.device != "auto" and trainer.device != "cpu" and not trainer.device.startswith("cuda"):
         _fail("trainer.device", trainer.device, "use auto, cpu, cuda or cuda:N")
-    if trainer.device.startswith("cuda") and not torch.cuda.is_available():
-        _fail("trainer.device", trainer.device, "CUDA is not available here: use trainer.device=auto or cpu")
+    if trainer.device.startswith("cuda:") and not trainer.device[5:].isdigit():
+        _fail("trainer.device", trainer.device, "use auto, cpu, cuda or cuda:N")
     if trainer.resume not in (None, "auto") and not Path(trainer.resume).is_file():
         _fail("trainer.resume", trainer.resume, "no such checkpoint file: use auto, null, or a path to a .pt file")
 

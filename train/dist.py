@@ -6,12 +6,16 @@ import logging
 import os
 import random
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as torch_dist
 
 log = logging.getLogger(__name__)
+
+DEFAULT_GROUP_TIMEOUT_S = 600  # torch's default for NCCL
+GROUP_TIMEOUT_MARGIN_S = 300
 
 
 @dataclass(frozen=True)
@@ -48,18 +52,6 @@ def hydra_rank_overrides(env: DistEnv) -> list[str]:
     return ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 
 
-def select_device(requested: str, env: DistEnv) -> torch.device:
-    """trainer.device: auto = cuda:LOCAL_RANK when CUDA is available, else cpu."""
-    if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda":
-        requested = f"cuda:{env.local_rank}"
-    device = torch.device(requested)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device
-
-
 def restart_store(env: DistEnv) -> torch_dist.Store | None:
     """The store for a process group that torchrun restarted, or None for torch's default (env://).
 
@@ -82,9 +74,16 @@ def restart_store(env: DistEnv) -> torch_dist.Store | None:
 _control_group: torch_dist.ProcessGroup | None = None
 
 
-def init_process_group(env: DistEnv, device: torch.device) -> None:
-    """nccl on CUDA, gloo on CPU; a no-op for a single process. On CUDA a gloo group beside it carries the loop's
-    control flags (`any_rank`), so asking "did any rank get a stop signal?" never waits for the GPU."""
+def group_timeout(data_timeout_s: float | None) -> timedelta:
+    """The collectives' timeout: longer than a DataLoader batch may take (data.timeout), so a stuck worker's error,
+    which names the file it is stuck on, comes before the NCCL watchdog's."""
+    return timedelta(seconds=max(DEFAULT_GROUP_TIMEOUT_S, (data_timeout_s or 0) + GROUP_TIMEOUT_MARGIN_S))
+
+
+def init_process_group(env: DistEnv, device: torch.device, data_timeout_s: float | None = None) -> None:
+    """nccl on CUDA, gloo on CPU; a no-op for a single process. A gloo group beside it carries the loop's control
+    flags (`any_rank`, stop.RankAgreement), so asking "did any rank get a stop signal?" never waits for the GPU
+    nor interleaves with the gradient all-reduces."""
     global _control_group
     if env.distributed and not torch_dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -92,8 +91,14 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
         store = restart_store(env)
         if store is not None:
             kwargs["store"] = store
-        torch_dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, **kwargs)
-        _control_group = torch_dist.new_group(backend="gloo") if backend != "gloo" else None
+        timeout = group_timeout(data_timeout_s)
+        torch_dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
+                                      **kwargs)
+        _control_group = torch_dist.new_group(backend="gloo", timeout=timeout)
+
+
+def control_group() -> torch_dist.ProcessGroup | None:
+    return _control_group
 
 
 def destroy_process_group() -> None:
@@ -146,6 +151,8 @@ def barrier() -> None:
 def seed_everything(seed: int, env: DistEnv, deterministic: bool = False) -> None:
     """The same model init on every rank (DDP also broadcasts it). Data order comes from the sampler, each
     sample's augmentation from (seed, epoch, index) (train/data/resumable.py)."""
+    if deterministic:  # cuBLAS reads it when CUDA starts: before any CUDA call of this process
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

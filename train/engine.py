@@ -28,7 +28,7 @@ from train.dist import DistEnv, all_reduce_sum, barrier
 from train.metrics import EpochMeter, append_jsonl, reduce_over_ranks
 from train.monitoring import Monitor
 from train.step import TrainStep
-from train.stop import Stopped, StopSignal
+from train.stop import RankAgreement, Stopped, StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,14 @@ class Plan(Record):
         return self.epochs * self.steps_per_epoch
 
 
+def gpu_figures(record: dict) -> str:
+    """The epoch's GPU memory (peak allocated, peak reserved) and utilisation, for the log line; empty on a CPU."""
+    if "gpu_peak_mb" not in record:
+        return ""
+    util = f"  gpu_util {100 * record['gpu_util']:.0f}%" if "gpu_util" in record else ""
+    return f"  gpu_peak {record['gpu_peak_mb']:.0f} MiB  gpu_reserved {record['gpu_reserved_mb']:.0f} MiB{util}"
+
+
 class Trainer:
     def __init__(self, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
                  run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
@@ -79,11 +87,13 @@ class Trainer:
         self.monitor = monitor or Monitor()  # TensorBoard / Prometheus; closed by whoever built it
         self.memory = self.monitor.sampler.start(MEMORY_INTERVAL_S)  # each epoch's peak PSS, off the step loop
         self.stop = stop or StopSignal()  # installed by whoever built it (python -m train); asked after each step
+        self.agreement = RankAgreement()  # the stop signal and the micro-batch size, agreed one step later
         self.callbacks = list(callbacks)
         tc = cfg.trainer
         self.plan = Plan(tc.epochs, max(len(data.train) // tc.grad_accum_steps, 1), env.world_size)
         mix = instantiate("augment", cfg.augment).batch_mix(data.num_classes, tc.seed)
-        self.step = TrainStep(cfg, env, device, model, self.plan.total_steps, mix)
+        self.step = TrainStep(cfg, env, device, model, self.plan.total_steps, mix,
+                              input_shape=(3, cfg.data.image_size, cfg.data.image_size))
         self.progress = Progress()
         self.positions = LoaderPositions(data.train, env)
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -128,6 +138,10 @@ class Trainer:
         parts = self.parts()
         del parts["plan"]  # this run's plan stands; the saved one was checked above
         self.load_model(parts.pop("model"), state, path)
+        self.step.load_scaler(state.get("scaler", {}))  # from any device and precision
+        del parts["scaler"]
+        if "micro_batch" not in state:  # written before trainer.micro_batch_size
+            del parts["micro_batch"]
         if saved.total_steps != self.plan.total_steps:  # trainer.epochs changed: re-planned below
             del parts["scheduler"]
         if progress.batch_in_epoch >= len(self.data.train):  # stopped after the epoch's last batch: no position
@@ -177,20 +191,38 @@ class Trainer:
             if self.env.is_main:
                 append_jsonl(self.metrics_path, record)
                 log.info("epoch %d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  %.0f img/s  data_wait %.1f%%  "
-                         "first_batch %.2fs  epoch %.1fs  peak_pss %.0f MiB%s", record["epoch"], tc.epochs,
+                         "first_batch %.2fs  epoch %.1fs  peak_pss %.0f MiB%s%s", record["epoch"], tc.epochs,
                          record["train_loss"], record["val_loss"], record["val_acc"], record["images_per_s"],
                          100 * record["data_wait_frac"], record["first_batch_s"], record["epoch_s"],
-                         record["peak_pss_mb"], f"  bad_samples {record['bad_samples']}"
+                         record["peak_pss_mb"], gpu_figures(record), f"  bad_samples {record['bad_samples']}"
                          if record["bad_samples"] else "")
             if self.progress.epoch < tc.epochs and not self.done():
                 self.stop_if_asked()  # a signal during validation: stop before the next epoch starts
         return records
 
+    def agree(self) -> None:
+        """After each optimizer step: hand this rank's stop signal and micro-batch size to the agreement and act on
+        the answer to the previous step's question (every rank gets the same answer at the same step)."""
+        answer = self.agreement.ask([self.stop.signum, -self.step.micro_batch.size])
+        if answer is not None:
+            self.act_on(answer)
+
+    def act_on(self, answer: list[int]) -> None:
+        signum, smallest = answer
+        self.step.micro_batch.agree(-smallest)
+        if signum:
+            self.stop_now(signum)
+
     def stop_if_asked(self) -> None:
-        """After an optimizer step or an epoch's checkpoint: if any rank got a stop signal, save and stop."""
+        """After an epoch's checkpoint: if any rank got a stop signal, save and stop (a blocking agreement)."""
+        pending = self.agreement.answer()
+        if pending is not None:
+            self.act_on(pending)
         signum = self.stop.agreed()
-        if not signum:
-            return
+        if signum:
+            self.stop_now(signum)
+
+    def stop_now(self, signum: int) -> None:
         if self.progress.batch_in_epoch:  # mid-epoch: the loader's position goes with the checkpoint
             self.save()
         raise Stopped(signum, self.progress.epoch, self.progress.batch_in_epoch)
@@ -225,22 +257,23 @@ class Trainer:
         for batch in self._batches(self.data.train, meter, desc, remaining) if remaining > 0 else ():
             self.progress.batch_in_epoch += 1
             self._call("on_train_batch", batch)
-            if len(batch) == 0:  # every sample unreadable
-                meter.stepped(0, 0.0, batch.bad)
-                continue
+            # a batch with no readable sample still steps under DDP: every rank joins every gradient all-reduce
             loss, updated = self.step(batch, where=(self.progress.epoch, self.progress.batch_in_epoch))
             self.progress.step += updated
             meter.stepped(len(batch), loss, batch.bad)  # no .item(): the GPU is not synced every step
             self.monitor.on_step(self.progress.step, meter)
             if not updated:
                 continue
-            self.stop_if_asked()
+            self.agree()
             every = tc.checkpoint_every_steps
             if every and self.progress.step % every == 0:
                 self.save()
             if self.done():
                 break
         self.step.drop_partial()
+        pending = self.agreement.answer()  # the last step's question, answered before the epoch's collectives
+        if pending is not None:
+            self.act_on(pending)
         return reduce_over_ranks(meter.summary(), self.env, self.device)
 
     def validate(self, path: Path) -> dict:
@@ -258,10 +291,11 @@ class Trainer:
     def evaluate(self) -> dict:
         self.step.ddp.eval()
         meter = EpochMeter(self.device)
-        loss_sum = correct = count = 0.0
+        loss_sum, correct, count = torch.zeros((), device=self.device), torch.zeros((), device=self.device), 0
         for batch in self._batches(self.data.val, meter, "val", len(self.data.val)):
             if len(batch):
                 loss, right = self.step.evaluate(batch)
                 loss_sum, correct, count = loss_sum + loss, correct + right, count + len(batch)
-        loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count], self.device)
+        sums = torch.stack([loss_sum.double(), correct.double()]).tolist()  # the one read of the device: after the loop
+        loss_sum, correct, count = all_reduce_sum([*sums, count], self.device)
         return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1), "val_samples": int(count)}

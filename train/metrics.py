@@ -59,11 +59,22 @@ class MemorySample:
     shm_total: int | None = None
     gpu_allocated: int | None = None
     gpu_peak: int | None = None
+    gpu_reserved: int | None = None
+    gpu_util: float | None = None  # percent of the last sample period a kernel ran (NVML), None without NVML
 
     @property
     def total_pss(self) -> int:
         """Main + workers, each page once."""
         return self.main.pss + sum(worker.pss for worker in self.workers.values())
+
+
+def gpu_utilization(device: torch.device) -> float | None:
+    """NVML's utilisation of `device` (percent), through torch (which maps CUDA_VISIBLE_DEVICES to NVML's indices);
+    None where NVML (nvidia-ml-py, the driver's libnvidia-ml) is missing."""
+    try:
+        return float(torch.cuda.utilization(device))
+    except Exception:  # ModuleNotFoundError without nvidia-ml-py, NVML's own errors without its library
+        return None
 
 
 def worker_memory() -> dict[int, ProcessMemory]:
@@ -95,6 +106,8 @@ class MemorySampler:
     shm_base: int = field(default_factory=lambda: shm_used_bytes() or 0)
     latest: MemorySample | None = None
     _window_peak: int = 0
+    _util_sum: float = 0.0
+    _util_count: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -131,6 +144,13 @@ class MemorySampler:
         peak, self._window_peak = self._window_peak, 0
         return peak
 
+    def take_gpu_util(self) -> float | None:
+        """Mean GPU utilisation (percent) over the samples since the last call; None without samples or NVML."""
+        if self._util_count == 0:
+            return None
+        mean, self._util_sum, self._util_count = self._util_sum / self._util_count, 0.0, 0
+        return mean
+
     def sample(self) -> MemorySample:
         sample = MemorySample(main=ProcessMemory.of(psutil.Process()), workers=worker_memory())
         try:
@@ -142,6 +162,10 @@ class MemorySampler:
         if self.device.type == "cuda":
             sample.gpu_allocated = torch.cuda.memory_allocated(self.device)
             sample.gpu_peak = torch.cuda.max_memory_allocated(self.device)
+            sample.gpu_reserved = torch.cuda.memory_reserved(self.device)
+            sample.gpu_util = gpu_utilization(self.device)
+            if sample.gpu_util is not None:
+                self._util_sum, self._util_count = self._util_sum + sample.gpu_util, self._util_count + 1
         self.peak_pss = max(self.peak_pss, sample.total_pss)
         self._window_peak = max(self._window_peak, sample.total_pss)
         self.latest = sample
@@ -167,6 +191,8 @@ class EpochMeter:
 
     def __post_init__(self) -> None:
         self._mark = self.start
+        if self.device.type == "cuda":  # the epoch's own peak
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def waited(self) -> None:
         now = time.perf_counter()
@@ -198,6 +224,13 @@ class EpochMeter:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - self.start
+        gpu = {}
+        if self.device.type == "cuda":
+            gpu = {"gpu_peak_mb": torch.cuda.max_memory_allocated(self.device) / MIB,
+                   "gpu_reserved_mb": torch.cuda.max_memory_reserved(self.device) / MIB}
+            util = self.memory.take_gpu_util() if self.memory is not None else None
+            if util is not None:
+                gpu["gpu_util"] = util / 100
         return {
             "train_loss": self.loss_sum / max(self.images, 1),
             "images_per_s": self.images / elapsed if elapsed > 0 else 0.0,
@@ -207,6 +240,7 @@ class EpochMeter:
             "peak_pss_mb": self.memory.take_peak() / MIB if self.memory is not None else float("nan"),
             "bad_samples": self.bad_samples,
             "images": self.images,
+            **gpu,
         }
 
 
@@ -219,8 +253,9 @@ def reduce_over_ranks(stats: dict, env: DistEnv, device: torch.device) -> dict:
         [stats["train_loss"] * stats["images"], stats["images"], stats["images_per_s"], stats["bad_samples"]], device)
     stats.update(train_loss=loss_sum / max(images, 1), images=int(images), images_per_s=images_per_s,
                  bad_samples=int(bad))
-    for key in ("data_wait_frac", "first_batch_s", "epoch_s", "peak_pss_mb"):
-        stats[key] = all_reduce_max(stats[key], device)
+    for key in ("data_wait_frac", "first_batch_s", "epoch_s", "peak_pss_mb", "gpu_peak_mb", "gpu_reserved_mb"):
+        if key in stats:
+            stats[key] = all_reduce_max(stats[key], device)
     return stats
 
 

@@ -140,6 +140,10 @@ class _MemoryCollector(Collector):
         yield from gauge("loadout_shm_size_bytes", "/dev/shm size", s.shm_total)
         yield from gauge("loadout_gpu_memory_allocated_bytes", "CUDA memory in tensors", s.gpu_allocated)
         yield from gauge("loadout_gpu_memory_peak_bytes", "Peak CUDA memory in tensors", s.gpu_peak)
+        yield from gauge("loadout_gpu_memory_reserved_bytes", "CUDA memory held by the caching allocator",
+                         s.gpu_reserved)
+        yield from gauge("loadout_gpu_utilization_ratio", "Share of the last NVML sample period a kernel ran",
+                         s.gpu_util / 100 if s.gpu_util is not None else None)
 
 
 GAUGES = {  # key: (metric name, help)
@@ -261,6 +265,8 @@ class Monitor:
                 "memory/shm_used_mb": mem.shm_used / MIB if mem.shm_used is not None else None,
                 "memory/gpu_allocated_mb": mem.gpu_allocated / MIB if mem.gpu_allocated is not None else None,
                 "memory/gpu_peak_mb": mem.gpu_peak / MIB if mem.gpu_peak is not None else None,
+                "memory/gpu_reserved_mb": mem.gpu_reserved / MIB if mem.gpu_reserved is not None else None,
+                "gpu/utilization": mem.gpu_util / 100 if mem.gpu_util is not None else None,
                 "loader/workers": len(mem.workers),
             })
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from train.config import SWAPPABLE_GROUPS, ConfigError, register
+from train.config import RENAMED, SWAPPABLE_GROUPS, ConfigError, register
 
 
 def check_command_line(overrides: list[str], config_name: str = "config") -> None:
@@ -32,6 +32,9 @@ def check_command_line(overrides: list[str], config_name: str = "config") -> Non
             if match is None:
                 raise ConfigError(str(err).strip().splitlines()[0]) from None
             key = match.group(1) or match.group(2)
+            renamed = next((new for old, new in RENAMED.items() if key in (old, old.rsplit(".", 1)[-1])), None)
+            if renamed is not None:
+                raise ConfigError(f"{key}: renamed; use {renamed}") from None
             groups = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0].lstrip("+~")]
             known = _dotted_keys(OmegaConf.to_container(compose(config_name=config_name, overrides=groups)))
             raise ConfigError(f"{key}: {_closest(key, known)}") from None

@@ -1,8 +1,12 @@
-"""Which precision the model computes in: fp16 autocast + GradScaler on CUDA (trainer.amp), bf16 autocast on a CPU
-with native bf16 (trainer.cpu_bf16), fp32 otherwise.
+"""Which precision the model computes in: one knob, trainer.precision = auto | bf16 | fp16 | fp32.
 
-trainer.cpu_bf16=auto decides from the CPU's own flags: AVX512-BF16 or AMX run bf16 matrix work natively (faster than
-fp32 on ResNets: bench/RESULTS.md), while elsewhere bf16 is emulated and slower than fp32.
+auto: on CUDA, bf16 autocast without a GradScaler where the GPU runs bf16 natively (Ampere and later: RTX 30xx/40xx,
+A100, H100), else fp16 autocast with a GradScaler; on a CPU, bf16 autocast where the CPU has native bf16
+(AVX512-BF16 or AMX; elsewhere bf16 is emulated and slower than fp32), else fp32. fp32 on CUDA lets matmuls and
+convolutions use TF32.
+
+Only fp16 needs a GradScaler, and its `step` reads the found-inf flag on the host (a sync per optimizer step);
+bf16 has fp32's exponent range and needs none, so auto picks bf16 wherever it can.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -28,23 +34,43 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-def use_cpu_bf16(setting: bool | str, flags: set[str] | None = None) -> bool:
-    """trainer.cpu_bf16: true / false as given; auto = on where the CPU has native bf16, said in one log line."""
+def resolve(setting: str, device: torch.device, *, flags: set[str] | None = None,
+            cuda_bf16: bool | None = None) -> str:
+    """trainer.precision for `device`: auto becomes bf16, fp16 or fp32 (said in one log line); the rest stand.
+    `flags` (the CPU's) and `cuda_bf16` (the GPU runs bf16 natively) default to this machine's."""
     if setting != "auto":
-        return bool(setting)
+        return setting
+    if device.type == "cuda":
+        if cuda_bf16 is None:
+            cuda_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+        chosen = "bf16" if cuda_bf16 else "fp16"
+        log.info("precision: %s (trainer.precision=auto; %s)", chosen,
+                 "the GPU runs bf16 natively, no GradScaler" if cuda_bf16 else "no native bf16 before Ampere: "
+                 "fp16 with a GradScaler")
+        return chosen
     flags = cpu_flags() if flags is None else flags
     native = [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
     if native:
-        log.info("cpu: bf16 autocast on (trainer.cpu_bf16=auto; the CPU has %s)", ", ".join(native))
-    else:
-        log.info("cpu: fp32 (trainer.cpu_bf16=auto; no %s on this CPU)", " or ".join(NATIVE_BF16_FLAGS))
-    return bool(native)
+        log.info("precision: bf16 (trainer.precision=auto; the CPU has %s)", ", ".join(native))
+        return "bf16"
+    log.info("precision: fp32 (trainer.precision=auto; no %s on this CPU)", " or ".join(NATIVE_BF16_FLAGS))
+    return "fp32"
 
 
-def autocast(device: torch.device, amp: bool, cpu_bf16: bool):
-    """The autocast context for a forward pass on `device`."""
-    if device.type == "cuda" and amp:
-        return torch.autocast("cuda", dtype=torch.float16)
-    if device.type == "cpu" and cpu_bf16:
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+def autocast(device: torch.device, precision: str):
+    """The autocast context for a forward pass in a resolved `precision` (bf16 | fp16 | fp32) on `device`."""
+    if precision in DTYPES:
+        return torch.autocast(device.type, dtype=DTYPES[precision])
     return contextlib.nullcontext()
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """A GradScaler, enabled only for fp16 (the one precision whose gradients underflow)."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def allow_tf32(device: torch.device) -> None:
+    """fp32 matmuls and convolutions on TF32 tensor cores (Ampere and later; ignored before)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True

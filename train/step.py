@@ -1,25 +1,34 @@
 """One training step and one evaluation step: the Trainer, tune's with-model measurement and bench/gpu_prefetch.py
 all train through `TrainStep`, so what they time is what training runs.
 
-A step is nanoGPT's loop body: forward under autocast, the loss scaled for AMP and divided over the accumulated
-micro-batches, backward; on the micro-batch that completes an accumulation the optimizer and scheduler step.
-Under DDP the gradient all-reduce runs only in that micro-batch's backward (`require_backward_grad_sync`, set per
-call, where `no_sync()` would be a context to enter per micro-batch).
+A step is nanoGPT's loop body: forward under autocast, the loss scaled (fp16 only) and divided over the accumulated
+batches, backward; on the batch that completes an accumulation the optimizer steps, and the scheduler with it (not
+when fp16's GradScaler skipped the step). Under DDP the gradient all-reduce runs only in the backward of the last
+micro-batch of the updating batch (`require_backward_grad_sync`, set per call).
+
+Micro-batches (trainer.micro_batch_size): the loader's batch is the optimizer's batch; it may be run through the model
+in slices, each slice's loss weighted by its share, so the gradient is the whole batch's. With `auto` a slice that
+runs out of GPU memory frees the step's state, halves the slice and runs the same batch again; the ranks agree on
+the smallest slice through the loop's control all-reduce (engine.py). A batch with no readable sample still runs
+its (empty) forward and backward under DDP, so every rank takes part in every gradient all-reduce.
 """
 
 from __future__ import annotations
 
+import gc
+import logging
 import math
-from functools import partial
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from train import precision
-from train.config import instantiate
+from train.config import ConfigError, instantiate
 from train.data.augment import BatchMix
 from train.data.batch import Batch
 from train.dist import DistEnv
+
+log = logging.getLogger(__name__)
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_frac: float = 0.05,
@@ -37,68 +46,211 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_fra
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=last_epoch)
 
 
+class OutOfMemory(Exception):
+    """The step ran out of device memory and could not go on (no smaller micro-batch, or mid gradient sync)."""
+
+    def __init__(self, device: torch.device, batch_size: int, micro_batch_size: int, auto: bool):
+        self.device, self.batch_size, self.micro_batch_size = device, batch_size, micro_batch_size
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device) / 2**30
+            reserved = torch.cuda.memory_reserved(device) / 2**30
+            total = torch.cuda.get_device_properties(device).total_memory / 2**30
+            memory = f"peak {peak:.1f} GiB allocated, {reserved:.1f} GiB reserved of {total:.1f} GiB on {device}"
+        else:
+            memory = f"on {device}"
+        fix = ("lower data.batch_size (per GPU) or the model's size" if auto and micro_batch_size == 1 else
+               "set trainer.micro_batch_size=auto (the same optimizer batch, run in slices that fit) or lower "
+               "data.batch_size")
+        super().__init__(f"out of memory: data.batch_size={batch_size}, micro-batch {micro_batch_size}, {memory}; "
+                         f"{fix}")
+
+
+class MicroBatch:
+    """trainer.micro_batch_size as a Stateful part: the slice size reached goes into the checkpoint, so a resumed
+    run starts at the size that fit."""
+
+    def __init__(self, setting: int | str | None, batch_size: int):
+        self.auto = setting == "auto"
+        self.batch_size = batch_size
+        self.size = batch_size if setting in (None, "auto") else min(int(setting), batch_size)
+
+    def halve(self) -> bool:
+        """Halve the slice for the next try; False when it is one sample already."""
+        if self.size <= 1:
+            return False
+        self.size = max(1, self.size // 2)
+        return True
+
+    def agree(self, size: int) -> None:
+        """The smallest slice any rank reached (the loop's control all-reduce)."""
+        if 1 <= size < self.size:
+            log.info("trainer.micro_batch_size=auto: %d samples per slice (another rank ran out of memory)", size)
+            self.size = size
+
+    def state_dict(self) -> dict:
+        return {"size": self.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.auto and state.get("size"):
+            self.size = min(int(state["size"]), self.batch_size)
+
+
 class TrainStep:
     """The model (DDP-wrapped under torchrun, compiled with trainer.compile), its optimizer (optimizer.*), LR
-    schedule over `total_steps` (scheduler.*), AMP scaler, loss and the recipe's batch mix (augment.*). Its Stateful
-    parts (`stateful()`) go into every checkpoint."""
+    schedule over `total_steps` (scheduler.*), precision and GradScaler, loss and the recipe's batch mix (augment.*).
+    Its Stateful parts (`stateful()`) go into every checkpoint. `input_shape` (C, H, W) shapes the empty forward of
+    a batch with no readable sample."""
 
     def __init__(self, cfg, env: DistEnv, device: torch.device, model: torch.nn.Module, total_steps: int,
-                 mix: BatchMix | None = None):
+                 mix: BatchMix | None = None, input_shape: tuple[int, int, int] | None = None):
         tc = cfg.trainer
-        self.model, self.total_steps, self.mix = model, max(total_steps, 1), mix
+        self.device, self.model, self.total_steps, self.mix = device, model, max(total_steps, 1), mix
+        self.input_shape = input_shape or (3, cfg.data.image_size, cfg.data.image_size)
         self.distributed = env.distributed
-        self.ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
+        self.precision = precision.resolve(tc.precision, device)
+        if self.precision == "fp16" and device.type != "cuda":
+            raise ConfigError(f"trainer.precision=fp16: fp16 (with its GradScaler) is for CUDA, this run is on "
+                              f"{device}; use bf16, fp32 or auto")
+        if self.precision == "fp32":
+            precision.allow_tf32(device)
+        # broadcast_buffers=False: no BatchNorm buffer broadcast before every forward (rank 0's are checkpointed);
+        # gradient_as_bucket_view: gradients live in the all-reduce buckets, no copy in and out.
+        self.ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                           broadcast_buffers=False, gradient_as_bucket_view=True) \
             if env.distributed else model
-        self.forward = torch.compile(self.ddp) if tc.compile else self.ddp
+        self.compiled = torch.compile(self.ddp, mode=None if tc.compile_mode == "default" else tc.compile_mode,
+                                      dynamic=False) if tc.compile else None
         self.optimizer = instantiate("optimizer", cfg.optimizer)(model.parameters())
         self.make_scheduler = instantiate("scheduler", cfg.scheduler)
         self.scheduler = self.plan_schedule(0)
-        cpu_bf16 = device.type == "cpu" and precision.use_cpu_bf16(tc.cpu_bf16)
-        self.autocast = partial(precision.autocast, device, tc.amp, cpu_bf16)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=tc.amp and device.type == "cuda")
+        self.scaler = precision.grad_scaler(device, self.precision)
+        self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=tc.label_smoothing)
         self.accum = tc.grad_accum_steps
-        self.micro = 0  # micro-batches since the last optimizer step
+        self.micro = 0  # batches since the last optimizer step
+        self.micro_batch = MicroBatch(tc.micro_batch_size, cfg.data.batch_size)
+        self._syncing = False  # in the backward that all-reduces gradients: running out of memory there is final
 
     def plan_schedule(self, step: int) -> torch.optim.lr_scheduler.LRScheduler:
         """The schedule over `total_steps`, positioned at `step` (0: a new run; else the optimizer was restored)."""
         return self.make_scheduler(self.optimizer, total_steps=self.total_steps, last_epoch=step - 1)
 
     def stateful(self) -> dict:
-        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler}
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler,
+                "micro_batch": self.micro_batch}
+
+    def load_scaler(self, state: dict) -> None:
+        """A GradScaler state from any run: one saved by a disabled scaler (a CPU, bf16 or fp32 run) or loaded into
+        one leaves this run's scaler as it starts, with one log line."""
+        if self.scaler.is_enabled() and state:
+            self.scaler.load_state_dict(state)
+            self._scale = self.scaler.get_scale()
+        elif self.scaler.is_enabled() or state:
+            log.info("trainer.precision=%s: the checkpoint's loss-scaler state does not apply here (it was written "
+                     "%s); the scaler starts fresh", self.precision,
+                     "without one" if not state else "by an fp16 run")
+
+    def _forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The compiled model for full slices, the eager one for shorter ones (a batch with unreadable samples, the
+        last validation batch): one graph for training and one for evaluation, never one per shape."""
+        if self.compiled is not None and images.shape[0] == self.micro_batch.size:
+            return self.compiled(images)
+        return self.ddp(images)
+
+    def _loss(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with precision.autocast(self.device, self.precision):
+            logits = self._forward(images)
+        if images.shape[0] == 0:  # no readable sample: a zero loss whose backward still syncs every gradient
+            return logits.float().sum() * 0.0
+        return self.criterion(logits.float(), targets)
+
+    def _slices(self, images: torch.Tensor, targets: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if images.shape[0] == 0:
+            shape = (0, *self.input_shape)
+            return [(images.new_zeros(shape, dtype=torch.float32, device=self.device), targets)]
+        size = self.micro_batch.size
+        return [(images[i:i + size], targets[i:i + size]) for i in range(0, images.shape[0], size)]
 
     def __call__(self, batch: Batch, where: tuple[int, int] = (0, 0)) -> tuple[torch.Tensor, bool]:
-        """Train on one micro-batch, `where` = (epoch, batch in epoch) seeds the batch mix; returns its loss
+        """Train on one batch, `where` = (epoch, batch in epoch) seeds the batch mix; returns its mean loss
         (detached, not synced) and whether the optimizer stepped."""
+        if not len(batch) and not self.distributed:  # no readable sample, no other rank to keep in step
+            return torch.zeros((), device=self.device), False
         self.micro += 1
         update = self.micro == self.accum
-        if self.distributed:  # all-reduce gradients only in the backward of the micro-batch that updates
-            self.ddp.require_backward_grad_sync = update
         images, targets = batch.images, batch.targets
-        if self.mix is not None:
+        if self.mix is not None and len(batch):
             images, targets = self.mix(images, targets, *where)
-        with self.autocast():
-            loss = self.criterion(self.forward(images), targets)
-        self.scaler.scale(loss / self.accum).backward()
+        while True:
+            try:
+                loss = self._forward_backward(images, targets, update)
+                break
+            except torch.OutOfMemoryError:
+                pass  # handled outside the except block, so the failed step's tensors are free to go
+            self._recover(len(batch))
         if update:
+            self._optimizer_step()
+        return loss, update
+
+    def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor, update: bool) -> torch.Tensor:
+        slices = self._slices(images, targets)
+        total = max(images.shape[0], 1)
+        loss_sum = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(slices):
+            sync = update and i == len(slices) - 1
+            if self.distributed:  # all-reduce gradients only in the last backward before the optimizer steps
+                self.ddp.require_backward_grad_sync = sync
+            loss = self._loss(x, y)
+            self._syncing = sync and self.distributed
+            self.scaler.scale(loss * (x.shape[0] / total / self.accum)).backward()
+            self._syncing = False
+            loss_sum += loss.detach() * x.shape[0]
+        return loss_sum / total
+
+    def _recover(self, batch_size: int) -> None:
+        """After running out of memory: with trainer.micro_batch_size=auto free the step's state, halve the slice
+        and let the caller run the batch again; otherwise (or mid gradient sync, where other ranks already wait in
+        the all-reduce) raise `OutOfMemory`, one line with the sizes and the fix."""
+        mid_sync, self._syncing = self._syncing, False
+        if not self.micro_batch.auto or mid_sync or not self.micro_batch.halve():
+            raise OutOfMemory(self.device, batch_size, self.micro_batch.size, self.micro_batch.auto) from None
+        self.optimizer.zero_grad(set_to_none=True)  # this accumulation's gradients so far are dropped
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        log.warning("out of memory with micro-batches of %d: trying %d (trainer.micro_batch_size=auto)",
+                    self.micro_batch.size * 2, self.micro_batch.size)
+
+    def _optimizer_step(self) -> None:
+        if self.scaler.is_enabled():  # fp16: step reads found-inf on the host; the scale shrinks on a skipped step
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
+            scale, self._scale = self._scale, self.scaler.get_scale()
+            stepped = self._scale >= scale
+        else:
+            self.optimizer.step()
+            stepped = True
+        self.optimizer.zero_grad(set_to_none=True)
+        if stepped:  # a step fp16 skipped (inf gradients) leaves the learning rate where it was
             self.scheduler.step()
-            self.micro = 0
-        return loss.detach(), update
+        self.micro = 0
 
     def drop_partial(self) -> None:
-        """At an epoch's end, micro-batches short of a whole accumulation are dropped, as drop_last drops a short
+        """At an epoch's end, batches short of a whole accumulation are dropped, as drop_last drops a short
         batch: their gradients never reach the next epoch's first step."""
         if self.micro:
             self.optimizer.zero_grad(set_to_none=True)
             self.micro = 0
 
     @torch.no_grad()
-    def evaluate(self, batch: Batch) -> tuple[float, int]:
-        """(summed loss, correct predictions) over one validation batch."""
-        with self.autocast():
-            logits = self.forward(batch.images)
-        loss = self.criterion(logits.float(), batch.targets).item() * batch.targets.numel()
-        return loss, int((logits.argmax(1) == batch.targets).sum())
+    def evaluate(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed loss, correct predictions) over one validation batch, as device tensors: the loop sums them and
+        reads them once, after the last batch."""
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), dtype=torch.long, device=self.device)
+        for images, targets in self._slices(batch.images, batch.targets):
+            with precision.autocast(self.device, self.precision):
+                logits = self._forward(images)
+            loss_sum += self.criterion(logits.float(), targets) * targets.numel()
+            correct += (logits.argmax(1) == targets).sum()
+        return loss_sum, correct

@@ -1,21 +1,27 @@
-"""Preemption: SIGTERM, SIGINT and SIGUSR1 become a request to stop at the next optimizer step, on every rank at once.
+"""Preemption: SIGTERM, SIGINT and SIGUSR1 become a request to stop at an optimizer step, on every rank at once.
 
 Slurm (at the time limit, on preemption, `--signal=B:USR1@<s>` forwarded by the job file), Kubernetes and
-`docker compose stop` send a signal and kill the job a grace period later. The handler only notes the signal; the
-loop asks `StopSignal.agreed()` after each optimizer step, which all-reduces the note over the ranks, so every rank
-stops at the same step, saves the same checkpoint and no rank waits in an all-reduce for one that has left. Later
-signals (torchrun and srun forward what the whole process tree already got) change nothing: the save in progress
-finishes, and the checkpoint on disk is only ever replaced whole (checkpoint.write_atomic).
+`docker compose stop` send a signal and kill the job a grace period later. The handler only notes the signal; after
+each optimizer step the loop hands the note to a `RankAgreement`, an all-reduce over the ranks that runs while the
+next step computes and is read one step later, so every rank stops at the same step, saves the same checkpoint and
+no rank waits in an all-reduce for one that has left. Later signals (torchrun and srun forward what the whole
+process tree already got) change nothing: the save in progress finishes, and the checkpoint on disk is only ever
+replaced whole (checkpoint.write_atomic).
 """
 
 from __future__ import annotations
 
 import signal
 
-from train.dist import any_rank
+import torch
+import torch.distributed as torch_dist
+
+from train.dist import any_rank, control_group
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 RESUMABLE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped cleanly, resume to continue
+CONFIG_EXIT = 2  # bad input: one line naming the key and the fix
+OUT_OF_MEMORY_EXIT = 3  # out of device memory: the same command would run out again (train/no_retry.py)
 
 
 class Stopped(Exception):
@@ -55,3 +61,31 @@ class StopSignal:
 
     def __exit__(self, *exc) -> None:
         self.restore()
+
+
+class RankAgreement:
+    """A few small integers agreed by every rank (their maximum), asked after each optimizer step without waiting:
+    the all-reduce runs on the CPU control group while the next step computes, and its answer is read at the next
+    call. Every rank calls `ask` at the same steps, so every rank acts on the same answer at the same step."""
+
+    def __init__(self) -> None:
+        self._pending: tuple[torch_dist.Work, torch.Tensor] | None = None
+
+    def ask(self, values: list[int]) -> list[int] | None:
+        """Start agreeing on `values`; returns the answer to the previous call (None at the first). One process:
+        `values` at once."""
+        if not torch_dist.is_initialized():
+            return list(values)
+        answer = self.answer()
+        tensor = torch.tensor(values, dtype=torch.int64)
+        work = torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX, group=control_group(), async_op=True)
+        self._pending = (work, tensor)
+        return answer
+
+    def answer(self) -> list[int] | None:
+        """Wait for the question in flight, if any (at an epoch's end, before a blocking collective)."""
+        if self._pending is None:
+            return None
+        (work, tensor), self._pending = self._pending, None
+        work.wait()
+        return tensor.tolist()

@@ -66,6 +66,12 @@ class BatchMix:
         self.seed = seed
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int):
-        with torch.random.fork_rng(devices=[]):  # their draws are on the CPU generator; the run's RNG is untouched
-            torch.manual_seed(mixed_seed(self.seed, epoch, batch))
-            return self.mix(images, targets)
+        channels_last = images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last)
+        # Their draws come from the CPU's default generator, seeded here and restored after: torch.manual_seed would
+        # also reseed every GPU's generator, alike on every rank (equal dropout masks) and tied to the batch number.
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(mixed_seed(self.seed, epoch, batch))
+            images, targets = self.mix(images, targets)
+        if channels_last:  # the mix returns NCHW; the model was given channels_last
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, targets

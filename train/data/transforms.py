@@ -116,11 +116,18 @@ def build_val_transform(data_cfg, input_size: int | None = None) -> SeedPipeline
 
 
 class DeviceNormalize:
-    """uint8 NCHW -> float32 normalized with MEAN/STD, on whatever device the batch is on (one fused pass)."""
+    """uint8 NCHW -> float32 normalized with MEAN/STD, on whatever device the batch is on (one fused pass).
+
+    Mean and std are built on the host once and copied to the device at the first call, on the stream that call runs
+    on (the prefetcher's copy stream), so every later read on that stream is ordered after the copy."""
 
     def __init__(self, device: torch.device):
-        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
-        self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+        self.device = device
+        self._host = (torch.tensor(MEAN).view(1, 3, 1, 1) * 255, torch.tensor(STD).view(1, 3, 1, 1) * 255)
+        self._on_device: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        return images.float().sub_(self.mean).div_(self.std)
+        if self._on_device is None:
+            self._on_device = tuple(t.to(images.device) for t in self._host)
+        mean, std = self._on_device
+        return images.float().sub_(mean).div_(std)

@@ -20,7 +20,8 @@ from tqdm import tqdm
 from train.config import _fail, drop_worker_knobs
 from train.data import build_data
 from train.data.loader import effective_pin_memory, resolve_num_workers
-from train.dist import DistEnv, seed_everything, select_device
+from train.device import select_device
+from train.dist import DistEnv, seed_everything
 from train.metrics import MIB, EpochMeter, MemorySampler
 from train.model import build_model
 from train.step import TrainStep
@@ -33,7 +34,7 @@ PROFILE_KEYS = {
     "data": ("batch_size", "image_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
              "in_order", "multiprocessing_context", "device_transforms"),
     "model": ("name",),
-    "trainer": ("device", "amp", "channels_last"),
+    "trainer": ("device", "precision", "channels_last"),
 }
 
 
