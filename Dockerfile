@@ -20,6 +20,8 @@ ARG UID=1000
 ARG GID=1000
 # Extra packages for the Jupyter image (docker-compose.yml `jupyter` service); empty for training.
 ARG EXTRA_PIP_PACKAGES=""
+# 1: an image for machines without GPUs, whose base may carry a CPU-only torch (else the build refuses one).
+ARG CPU_ONLY=0
 
 # PIP_BREAK_SYSTEM_PACKAGES: the 2.14 images keep torch in the system Python (PEP 668 marks it externally managed).
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -30,6 +32,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
+# A C compiler and Python's headers: torch.compile's Inductor builds its CPU kernels, and Triton its GPU launchers,
+# with them at run time. Unpinned: the base's distribution release fixes their versions.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc g++ python3-dev \
+ && rm -rf /var/lib/apt/lists/*
+
 RUN groupadd --non-unique --gid "${GID}" app \
  && useradd --non-unique --uid "${UID}" --gid "${GID}" --create-home --shell /bin/bash app
 
@@ -38,18 +47,18 @@ WORKDIR /app
 # Dependencies first, in their own layer: rebuilt only when pyproject.toml or constraints.txt change, not on
 # every source edit. The list comes from pyproject's [project].dependencies, every version from constraints.txt
 # (the lock CI tests), less the base image's CUDA stack; the base's torch must be the lock's (checked first).
-COPY pyproject.toml constraints.txt docker/deps_from_pyproject.py ./
-RUN python deps_from_pyproject.py /tmp/constraints.txt > /tmp/requirements.txt \
- && python -m pip install --no-cache-dir -c /tmp/constraints.txt -r /tmp/requirements.txt ${EXTRA_PIP_PACKAGES} \
- && rm /tmp/requirements.txt /tmp/constraints.txt deps_from_pyproject.py \
- && python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
+COPY pyproject.toml constraints.txt docker/deps_from_pyproject.py docker/check_torch.py ./
+RUN python3 deps_from_pyproject.py /tmp/constraints.txt > /tmp/requirements.txt \
+ && python3 -m pip install --no-cache-dir -c /tmp/constraints.txt -r /tmp/requirements.txt ${EXTRA_PIP_PACKAGES} \
+ && CPU_ONLY=${CPU_ONLY} python3 check_torch.py constraints.txt \
+ && rm /tmp/requirements.txt /tmp/constraints.txt deps_from_pyproject.py check_torch.py
 
 # The source. `python -m train` runs from /app, so the configs in /app/conf are the ones used.
 # README* (pyproject's readme) may not exist yet; pyproject.toml keeps the pattern from matching nothing.
 COPY pyproject.toml README* ./
 COPY conf/ conf/
 COPY train/ train/
-RUN python -m pip install --no-cache-dir --no-deps . \
+RUN python3 -m pip install --no-cache-dir --no-deps . \
  && rm -rf build ./*.egg-info \
  && mkdir -p /app/data /app/outputs \
  && chown "${UID}:${GID}" /app/outputs
@@ -59,4 +68,4 @@ RUN python -m pip install --no-cache-dir --no-deps . \
 USER ${UID}:${GID}
 
 # Hydra overrides given to `docker run IMAGE ...` / `docker compose run SERVICE ...` append to this.
-ENTRYPOINT ["python", "-m", "train"]
+ENTRYPOINT ["python3", "-m", "train"]

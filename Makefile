@@ -50,8 +50,7 @@ test-fast: setup ## Run the tests not marked slow
 lint: setup ## ruff on the Python sources
 	$(PY) -m ruff check train scripts tests bench examples
 
-gpu-check: setup dataset ## On a GPU box: the CUDA tests, each GPU profile's short run, nccl, compile (scripts/gpu_check.py)
-	$(PY) -m pytest -q -m cuda $(ARGS)
+gpu-check: setup ## On a GPU box: CUDA tests, each GPU profile, nccl, compile, prefetch bench (torch preinstalled, offline: python3 scripts/gpu_check.py)
 	$(PY) scripts/gpu_check.py
 
 slurm: ## Start a one-node Slurm here (root; installs slurm-wlm + munge) to try scripts/slurm/train.sbatch

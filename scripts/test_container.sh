@@ -224,12 +224,19 @@ HARDWARE=cpu docker-compose run --rm -T -e "EXPECT_IDS=$run_uid:$run_gid" -e "EX
 ' || fail "container limits"
 # The start-up shm check, for real: quiet with compose's 2 GB, warns under Docker's default 64 MB.
 shm_probe='from train.data.shm import warn_if_shm_too_small as w; print("warned" if w(4, 2, 32 << 20) else "quiet")'
-verdict=$(HARDWARE=cpu docker-compose run --rm -T --entrypoint python train -c "$shm_probe" 2>/dev/null | tail -n1)
+verdict=$(HARDWARE=cpu docker-compose run --rm -T --entrypoint python3 train -c "$shm_probe" 2>/dev/null | tail -n1)
 [[ $verdict == quiet ]] || fail "shm check inside train (HARDWARE=cpu, shm_size 2gb) said: $verdict"
-verdict=$(docker run --rm --network none --entrypoint python "$TEST_IMAGE" -c "$shm_probe" 2>/dev/null | tail -n1)
+verdict=$(docker run --rm --network none --entrypoint python3 "$TEST_IMAGE" -c "$shm_probe" 2>/dev/null | tail -n1)
 [[ $verdict == warned ]] || fail "shm check under the default 64 MB /dev/shm said: $verdict"
 echo "shm check: quiet with shm_size 2gb, warns with Docker's default 64 MB"
 phase "container limits"
+
+# torch.compile inside the image: Inductor's CPU backend builds C++ with the image's compiler and Python headers.
+compiled='import torch; f = torch.compile(lambda x: torch.sin(x) * 2 + 1); print("compiled", f(torch.zeros(8)).sum().item())'
+verdict=$(docker run --rm --network none --entrypoint python3 "$TEST_IMAGE" -c "$compiled" 2>&1 | tail -n1)
+[[ $verdict == "compiled 8.0" ]] || fail "torch.compile inside the image: $verdict"
+echo "torch.compile inside the image: $verdict"
+phase "torch.compile"
 
 log "docker-compose down"
 docker-compose down --remove-orphans --volumes

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +31,29 @@ def test_gpu_check_runs_a_profile_and_plots_it_on_cpu(tiny_dataset, tmp_path, mo
 
     monkeypatch.setattr(gpu_check, "OUT", tmp_path)
     monkeypatch.setattr(gpu_check, "DATA", str(tiny_dataset))
-    row = gpu_check.train("cpu", ["hardware=cpu", "data.image_size=32", "trainer.max_steps=2"], [sys.executable])
+    row = gpu_check.train("cpu", ["hardware=cpu", "data.image_size=32", "data.batch_size=64"], [sys.executable],
+                          epochs=2)
     assert row["ok"] and row["images_per_s"] > 0 and 0 <= row["data_wait_frac"] < 1, row
+    assert row["measured_images"] == 192 and row["warmup_epoch_s"] > 0, row  # epoch 2 measured, epoch 1 warm-up
     gpu_check.plot([row], tmp_path / "report.png")
     assert (tmp_path / "report.png").stat().st_size > 0
+
+
+def test_gpu_check_names_missing_packages_in_one_line_for_any_interpreter():
+    """`python3 scripts/gpu_check.py` with an interpreter that lacks loadout's packages (the base Python here)."""
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    probe = subprocess.run([str(base), "-c", "import torch"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip(f"{base} has torch")
+    done = subprocess.run([str(base), "scripts/gpu_check.py"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("gpu-check: missing packages for"), lines
+    assert " torch " in lines[0] and "hydra-core" in lines[0], lines
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA is unusable")
+def test_gpu_check_without_cuda_says_why_in_one_line():
+    done = subprocess.run([sys.executable, "scripts/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "CUDA is unusable here: " in lines[0], done.stderr

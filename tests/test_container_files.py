@@ -129,7 +129,7 @@ def test_dockerfile_runs_as_non_root_with_train_entrypoint():
     assert users and users[-1].split(":")[0] not in ("root", "0"), "last USER is not root"
     assert ("WORKDIR", "/app") in ins
     entrypoints = [json.loads(args) for op, args in ins if op == "ENTRYPOINT"]
-    assert entrypoints == [["python", "-m", "train"]], "exec form, so overrides append"
+    assert entrypoints == [["python3", "-m", "train"]], "exec form, so overrides append"
     assert not any(op == "CMD" for op, _ in ins), "no CMD: `docker run IMAGE k=v` passes only the overrides"
 
 
@@ -161,7 +161,7 @@ def test_compose_file_is_valid_compose_spec(resolved):
 def test_services_train_through_python_m_train(compose):
     services = compose["services"]
     assert "train-cpu" not in services, "HARDWARE=cpu docker compose up replaces it"
-    assert services["train"]["entrypoint"] == ["python", "-m", "train"]
+    assert services["train"]["entrypoint"] == ["python3", "-m", "train"]
     multi = services["train-multi"]["entrypoint"]
     assert multi[0] == "torchrun" and "--standalone" in multi and multi[-2:] == ["-m", "train"]
     assert any(a.startswith("--nproc_per_node=${NPROC") for a in multi)
@@ -294,7 +294,7 @@ def test_docker_compose_renders_each_hardware_fragment(tmp_path):
     for name in LOADOUT_SERVICES:
         assert "deploy" not in cpu[name], name
     assert cpu["train"]["command"].split() == ["hardware=cpu"]
-    assert cpu["train"]["shm_size"] == "2gb" and cpu["train"]["entrypoint"] == ["python", "-m", "train"]
+    assert cpu["train"]["shm_size"] == "2gb" and cpu["train"]["entrypoint"] == ["python3", "-m", "train"]
     assert cpu["train-multi"]["entrypoint"][0] == "torchrun", "torchrun on CPU (gloo)"
 
     gpu = yaml.safe_load(_compose_config(tmp_path, HARDWARE="rtx4080").stdout)["services"]

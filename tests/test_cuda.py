@@ -1,8 +1,10 @@
 """The CUDA paths, on a CUDA machine (`make gpu-check` runs `pytest -m cuda`); skipped here without one.
 
 The prefetcher's batches against the CPU path's, pinned batches and a copy that overlaps compute (profiler trace),
-GradScaler stepping and skipping an inf (the inf injected by a gradient hook the test installs), channels_last
-reaching the model, and the GPU memory gauges. The mid-epoch resume on CUDA is in test_distributed.py.
+no host sync in a training step (torch.cuda.set_sync_debug_mode), fp16's GradScaler skipping an inf step and holding
+the LR (the inf injected by a gradient hook the test installs), a real out-of-memory halving the micro-batch (memory
+capped with set_per_process_memory_fraction), channels_last reaching the model, and the GPU gauges. The mid-epoch
+resume on CUDA is in test_distributed.py.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import torch
 
 from tests.conftest import compose_config
 from train.data import build_data
+from train.data.batch import Batch
 from train.data.prefetcher import DevicePrefetcher
 from train.dist import DistEnv
 from train.engine import Trainer
-from train.metrics import MemorySampler
+from train.metrics import EpochMeter, MemorySampler, gpu_utilization
 from train.model import build_model
 
 pytestmark = [pytest.mark.cuda,
@@ -63,8 +66,8 @@ def test_the_copy_of_the_next_batch_overlaps_the_current_compute():
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    batches = [(torch.randint(0, 255, (128, 3, 224, 224), dtype=torch.uint8).pin_memory(),
-                torch.zeros(128, dtype=torch.long).pin_memory(), 0) for _ in range(8)]
+    batches = [Batch(torch.randint(0, 255, (128, 3, 224, 224), dtype=torch.uint8).pin_memory(),
+                     torch.zeros(128, dtype=torch.long).pin_memory()) for _ in range(8)]
     weights = torch.randn(4096, 4096, device=CUDA)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _batch in DevicePrefetcher(batches, CUDA, normalize=True, channels_last=True):
@@ -80,37 +83,86 @@ def test_the_copy_of_the_next_batch_overlaps_the_current_compute():
 
 
 def trainer(root: Path, tmp_path: Path, *extra: str) -> Trainer:
-    cfg = config(root, "trainer.device=cuda", "trainer.amp=true", *extra)
+    cfg = config(root, "trainer.device=cuda", "trainer.tensorboard=false", *extra)
     data = build_data(cfg, DistEnv(), CUDA)
     model = build_model(cfg.model, data.num_classes, CUDA, channels_last=cfg.trainer.channels_last)
     return Trainer(cfg, DistEnv(), CUDA, data, model, tmp_path)
 
 
-def test_grad_scaler_skips_a_step_with_inf_gradients_and_takes_the_next(tiny_dataset, tmp_path):
-    run = trainer(tiny_dataset, tmp_path, "trainer.max_steps=1")
-    first = next(run.model.parameters())
+def test_a_training_step_never_syncs_the_host(tiny_dataset, tmp_path):
+    """bf16 (no GradScaler): after a warm-up step, steps, the meter and the stop agreement run with CUDA's sync
+    debug mode set to raise on any synchronizing call."""
+    if not torch.cuda.is_bf16_supported(including_emulation=False):
+        pytest.skip("no native bf16 on this GPU (fp16's GradScaler reads found-inf on the host by design)")
+    run = trainer(tiny_dataset, tmp_path, "trainer.precision=bf16")
+    run.step.ddp.train()
+    run.data.set_epoch(0)
+    meter = EpochMeter(CUDA)
+    batches = iter(run.data.train)
+    run.step(next(batches))  # warm-up: cuDNN autotuning, first allocations
+    torch.cuda.synchronize()
+    steps = 0
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in batches:
+            loss, updated = run.step(batch)
+            meter.stepped(len(batch), loss, batch.bad)
+            run.agree()
+            steps += 1
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert steps >= 3
+
+
+def test_grad_scaler_skips_a_step_with_inf_gradients_holds_the_lr_and_takes_the_next(tiny_dataset, tmp_path):
+    run = trainer(tiny_dataset, tmp_path, "trainer.precision=fp16", "trainer.max_steps=1")
+    first = next(run.step.model.parameters())
     poisoned = first.register_hook(lambda grad: torch.full_like(grad, float("inf")))
-    before, scale = first.detach().clone(), run.scaler.get_scale()
+    before, scale, lr = first.detach().clone(), run.step.scaler.get_scale(), run.step.scheduler.get_last_lr()[0]
     run.train_epoch()
     assert torch.equal(first.detach(), before), "a step with inf gradients must be skipped"
-    assert run.scaler.get_scale() < scale
+    assert run.step.scaler.get_scale() < scale and run.step.scheduler.get_last_lr()[0] == lr
     poisoned.remove()
     run.cfg.trainer.max_steps = 2
     run.train_epoch()
     assert not torch.equal(first.detach(), before)
 
 
+def test_running_out_of_gpu_memory_halves_the_micro_batch_and_trains_the_same_batch(tiny_dataset, tmp_path):
+    """ResNet-50 at 224 px, batch 256, with this process capped to 3 GiB of the GPU: a real OutOfMemoryError, then
+    slices small enough to fit."""
+    cfg = config(tiny_dataset, "trainer.device=cuda", "trainer.precision=auto", "model.name=resnet50",
+                 "data.batch_size=256", "data.image_size=224", "trainer.micro_batch_size=auto")
+    model = build_model(cfg.model, 10, CUDA, channels_last=True)
+    from train.step import TrainStep
+
+    step = TrainStep(cfg, DistEnv(), CUDA, model, total_steps=10)
+    batch = Batch(torch.randn(256, 3, 224, 224, device=CUDA).contiguous(memory_format=torch.channels_last),
+                  torch.randint(0, 10, (256,), device=CUDA))
+    total = torch.cuda.get_device_properties(CUDA).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(3 * 2**30 / total, CUDA)
+    try:
+        loss, updated = step(batch)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, CUDA)
+    assert updated and torch.isfinite(loss) and step.micro_batch.size < 256
+
+
 def test_channels_last_batches_reach_the_model(tiny_dataset, tmp_path):
     run = trainer(tiny_dataset, tmp_path, "trainer.channels_last=true", "trainer.max_steps=2")
     seen = []
-    run.model.register_forward_pre_hook(lambda module, args: seen.append(
+    run.step.model.register_forward_pre_hook(lambda module, args: seen.append(
         args[0].is_cuda and args[0].is_contiguous(memory_format=torch.channels_last)))
     run.train_epoch()
     assert seen and all(seen)
 
 
-def test_gpu_memory_gauges_report():
+def test_gpu_memory_and_utilisation_gauges_report():
     sampler = MemorySampler(CUDA)
     block = torch.empty(64 * 2**20, dtype=torch.uint8, device=CUDA)
     sample = sampler.sample()
     assert sample.gpu_allocated >= block.numel() and sample.gpu_peak >= sample.gpu_allocated
+    assert sample.gpu_reserved >= sample.gpu_allocated
+    util = gpu_utilization(CUDA)
+    assert util is None or 0 <= util <= 100

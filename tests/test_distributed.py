@@ -51,11 +51,11 @@ def torchrun_command(args: list[str], *, max_restarts: int = 0, nproc: int = 2,
 
 
 def torchrun(args: list[str], cwd: Path, *, max_restarts: int = 0, env: dict | None = None, nproc: int = 2,
-             entry: tuple[str, ...] = ("-m", "train")) -> subprocess.CompletedProcess:
+             entry: tuple[str, ...] = ("-m", "train"), timeout: float = 400) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node=2 -m train ARGS`, for real."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(torchrun_command(args, max_restarts=max_restarts, nproc=nproc, entry=entry), cwd=cwd,
-                          env=full_env, capture_output=True, text=True, timeout=400)
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def only_run_dir(cwd: Path) -> Path:

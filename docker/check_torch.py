@@ -1,0 +1,34 @@
+"""The image's torch after the dependencies are installed: a CUDA build (unless the image is asked for CPU only:
+--build-arg CPU_ONLY=1), and torch / torchvision at the lock's versions (constraints.txt, given as the argument).
+Fails the build in one line otherwise."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import torch
+import torchvision
+
+
+def main(lock_path: str) -> int:
+    with open(lock_path) as f:
+        lock = dict(re.findall(r"^(torch|torchvision)==(\S+)", f.read(), re.M))
+    found = {"torch": torch.__version__, "torchvision": torchvision.__version__}
+    for name, version in found.items():
+        if name in lock and version.split("+")[0] != lock[name]:
+            print(f"check_torch: {name} {version} in the image, the lock has {lock[name]}: build FROM a base with "
+                  f"{name}=={lock[name]}", file=sys.stderr)
+            return 1
+    if torch.version.cuda is None and os.environ.get("CPU_ONLY") != "1":
+        print(f"check_torch: torch {torch.__version__} is a CPU-only build: the image would train GPU profiles on "
+              "nothing; use a CUDA base, or --build-arg CPU_ONLY=1 for an image for machines without GPUs",
+              file=sys.stderr)
+        return 1
+    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision {torchvision.__version__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
