@@ -3,7 +3,7 @@
 backward, SGD) on the same real batch, at the cpu profile's 64 px and at 224 px, measured in the same rounds.
 
 The profile takes channels_last and, where the CPU has native bf16 (avx512_bf16 or AMX), bf16 autocast
-(trainer.cpu_bf16=auto, train/precision.py); on other CPUs it is fp32 channels_last. Target: new / old >= 1.1 at
+(trainer.precision=auto, train/precision.py); on other CPUs it is fp32 channels_last. Target: new / old >= 1.1 at
 64 px on a CPU with native bf16 (reported for reference elsewhere).
 """
 
@@ -27,7 +27,7 @@ def step_rate(images: torch.Tensor, targets: torch.Tensor, channels_last: bool, 
     model = torchvision_model("resnet18", 10).to(memory_format=memory_format)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     images = images.contiguous(memory_format=memory_format)
-    autocast = precision.autocast(torch.device("cpu"), amp=False, cpu_bf16=bf16)
+    autocast = precision.autocast(torch.device("cpu"), "bf16" if bf16 else "fp32")
     for step in range(STEPS + 1):
         if step == 1:
             start = time.perf_counter()
@@ -50,7 +50,7 @@ def one_batch(image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 if __name__ == "__main__":
-    bf16 = precision.use_cpu_bf16("auto")
+    bf16 = precision.resolve("auto", torch.device("cpu")) == "bf16"
     flags = [flag for flag in precision.NATIVE_BF16_FLAGS if flag in precision.cpu_flags()]
     profile = f"channels_last + {'bf16' if bf16 else 'fp32'}"
     for image_size in (64, 224):

@@ -17,7 +17,7 @@ try:
 except ImportError:  # Python 3.10: pip ships tomli
     from pip._vendor import tomli as tomllib
 
-BASE_STACK = re.compile(r"^(nvidia-|cuda-|triton==)")  # the base image's own CUDA libraries
+BASE_STACK = re.compile(r"^(nvidia-(?!ml-py)|cuda-|triton==)")  # the base's CUDA libraries (nvidia-ml-py is ours)
 
 
 def main() -> None:

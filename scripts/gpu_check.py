@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -102,9 +103,14 @@ def ensure_dataset(root: Path, *args: str) -> tuple[bool, str]:
     return run([sys.executable, "scripts/make_dataset.py", "--out", str(root), *args], TIMEOUTS["dataset"])
 
 
+def run_dir_for(name: str) -> Path:
+    """A part's run dir: letters, digits and underscores only (a comma in hydra.run.dir reads as a sweep)."""
+    return OUT / re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
+
+
 def train(name: str, overrides: list[str], launcher: list[str], epochs: int = EPOCHS) -> dict:
     """`epochs` epochs of one profile; the first is warm-up, the figures are the median of the others."""
-    run_dir = OUT / name.replace(" + ", "_").replace(" ", "_")
+    run_dir = run_dir_for(name)
     ok, line = run([*launcher, "-m", "train", *overrides, "dataset=imagefolder", f"data.root={DATA}",
                     f"trainer.epochs={epochs}", "trainer.progress=false", f"hydra.run.dir={run_dir}"],
                    TIMEOUTS["run"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,11 @@ def test_gpu_check_without_cuda_says_why_in_one_line():
                           timeout=120)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1 and "CUDA is unusable here: " in lines[0], done.stderr
+
+
+def test_gpu_check_run_dirs_are_plain_names_hydra_takes_as_one_run():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check
+
+    for name in [*gpu_check.RUNS, "nccl, 2 processes"]:
+        assert re.fullmatch(r"[A-Za-z0-9_]+", gpu_check.run_dir_for(name).name), name

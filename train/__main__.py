@@ -8,6 +8,7 @@ checkpoint to resume.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -46,7 +47,6 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     for key in drop_worker_knobs(cfg, typed=command_line_keys()):
         log.info("%s: off, as data.num_workers=0 starts no workers", key)
     validate(cfg)
-    no_retry.check(run_dir, cfg)
     cfg.data.num_workers = plan_num_workers(cfg.data.num_workers, env.local_world_size,
                                             typed="data.num_workers" in command_line_keys())
     dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)  # before CUDA starts (cuBLAS reads env)
@@ -80,6 +80,8 @@ def main(cfg: DictConfig) -> None:
     try:
         with StopSignal() as stop:
             OmegaConf.resolve(cfg)
+            as_given = copy.deepcopy(cfg)  # run() settles some keys (data.num_workers=auto); a retry is judged as typed
+            no_retry.check(run_dir, as_given)
             run(cfg, run_dir, stop)
     except (ConfigError, LoaderError) as err:
         fail(err, CONFIG_EXIT)
@@ -88,7 +90,7 @@ def main(cfg: DictConfig) -> None:
     except (OutOfMemory, torch.OutOfMemoryError) as err:
         if not isinstance(err, OutOfMemory):  # outside a train step (model, evaluation): torch's first line
             err = f"out of memory: {str(err).splitlines()[0]}; lower data.batch_size or the model's size"
-        no_retry.note(run_dir, cfg, OUT_OF_MEMORY_EXIT, str(err))
+        no_retry.note(run_dir, as_given, OUT_OF_MEMORY_EXIT, str(err))
         fail(err, OUT_OF_MEMORY_EXIT)
     except Stopped as stopped:
         if DistEnv.from_env().is_main:
