@@ -40,7 +40,7 @@ def test_a_checkpoint_holds_each_stateful_part_and_the_format(trainer):
 
 @pytest.mark.parametrize(("content", "message"), [
     ({"model": {}, "progress": {}}, "has checkpoint format None, this loadout reads format"),
-    (b"not a checkpoint", "is not a readable checkpoint"),
+    (b"not a checkpoint", "not a readable checkpoint"),
 ])
 def test_a_file_of_another_format_is_refused_in_one_line(trainer, tmp_path, content, message):
     path = tmp_path / "other.pt"

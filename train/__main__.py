@@ -1,9 +1,9 @@
 """`python -m train [overrides]`: compose the config with Hydra, validate it, train.
 
 Under torchrun every rank runs this file; ranks > 0 get quiet Hydra overrides and share rank 0's run dir.
-Exit status: 0 done, 2 bad input (one line naming the key), 3 out of memory (one line with the sizes and the fix; a
-retry of the same config in the same run dir exits at once: train/no_retry.py), 75 stopped by a signal with a
-checkpoint to resume.
+Exit status: 0 done, 2 bad input (one line naming the key), 3 out of memory, 4 diverged (each one line; a retry of the
+same config in the same run dir exits at once: train/no_retry.py), 74 a checkpoint could not be written (make room,
+then resume), 75 stopped by a signal with a checkpoint to resume.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import copy
 import logging
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
@@ -20,12 +21,21 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from train import no_retry
+from train.checkpoint import CheckpointWriteError
 from train.config import ConfigError, drop_worker_knobs, register, validate
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
 from train.overrides import check_command_line
-from train.step import OutOfMemory
-from train.stop import CONFIG_EXIT, OUT_OF_MEMORY_EXIT, RESUMABLE_EXIT, Stopped, StopSignal
+from train.step import Diverged, OutOfMemory
+from train.stop import (
+    CHECKPOINT_WRITE_EXIT,
+    CONFIG_EXIT,
+    DIVERGED_EXIT,
+    OUT_OF_MEMORY_EXIT,
+    RESUMABLE_EXIT,
+    Stopped,
+    StopSignal,
+)
 
 log = logging.getLogger("train")
 register()
@@ -34,14 +44,11 @@ register()
 def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[dict]:
     """Build everything from a validated config and train; returns the per-epoch records. Raises `Stopped` when
     `stop` (installed by the caller) saw a signal: the checkpoint is written and the workers have ended."""
-    from train import checkpoint, dist
+    from train import dist
     from train.config import instantiate
-    from train.data import build_data
     from train.data.loader import plan_num_workers
     from train.device import describe, select_device
-    from train.engine import Trainer
-    from train.model import build_model
-    from train.monitoring import Monitor
+    from train.run_lock import RunLock
 
     env = DistEnv.from_env()
     for key in drop_worker_knobs(cfg, typed=command_line_keys()):
@@ -54,6 +61,19 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     if env.is_main:
         log.info("device: %s", describe(device))
     callbacks = [instantiate(f"callbacks.{name}", spec) for name, spec in cfg.callbacks.items()]
+    with RunLock(run_dir) if env.is_main else nullcontext():  # one run per run dir: a second fails in one line
+        return train_in(cfg, run_dir, env, device, stop, callbacks)
+
+
+def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, stop: StopSignal | None, callbacks: list) \
+        -> list[dict]:
+    """Data, model and Trainer built and trained (or validated), with the run dir held by this run."""
+    from train import checkpoint, dist
+    from train.data import build_data
+    from train.engine import Trainer
+    from train.model import build_model
+    from train.monitoring import Monitor
+
     monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken metrics port fails before any worker
     try:
         with build_data(cfg, env, device) as data:  # its workers end with the run (a multirun's next job starts)
@@ -92,6 +112,11 @@ def main(cfg: DictConfig) -> None:
             err = f"out of memory: {str(err).splitlines()[0]}; lower data.batch_size or the model's size"
         no_retry.note(run_dir, as_given, OUT_OF_MEMORY_EXIT, str(err))
         fail(err, OUT_OF_MEMORY_EXIT)
+    except Diverged as err:
+        no_retry.note(run_dir, as_given, DIVERGED_EXIT, str(err))
+        fail(err, DIVERGED_EXIT)
+    except CheckpointWriteError as err:
+        fail(err, CHECKPOINT_WRITE_EXIT)
     except Stopped as stopped:
         if DistEnv.from_env().is_main:
             log.warning("%s; continue with: %s", stopped, continue_command(run_dir))

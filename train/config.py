@@ -90,6 +90,9 @@ class TrainerConfig:
     deterministic: bool = False
     resume: str | None = None  # auto | path to a checkpoint | null; a torchrun restart always continues its run dir
     checkpoint_every_steps: int | None = None  # also saves the data loader's mid-epoch position
+    keep_checkpoints: int = 2  # last.pt and the ones before it (last.1.pt, ...): resume=auto takes the newest readable
+    on_nonfinite: str = "stop"  # a NaN/inf loss: stop (the checkpoints keep the last finite state) | skip the step
+    nonfinite_skips: int = 10  # with skip: steps skipped in a row before the run stops anyway
     progress: bool = True
     tensorboard: bool = True  # scalars in the run dir (rank 0): `make tensorboard`
     metrics_port: int | None = None  # Prometheus /metrics on this port + LOCAL_RANK; null = off
@@ -188,6 +191,11 @@ def validate(cfg: Any) -> None:
             _fail(f"data.{key}", data[key], f"only valid with data.num_workers > 0: set data.{key}={shown(off[0])} "
                   "or raise data.num_workers")
     for key in ("epochs", "grad_accum_steps"):
+        if getattr(trainer, key) < 1:
+            _fail(f"trainer.{key}", getattr(trainer, key), "use a positive integer")
+    if trainer.on_nonfinite not in ("stop", "skip"):
+        _fail("trainer.on_nonfinite", trainer.on_nonfinite, "use stop or skip")
+    for key in ("keep_checkpoints", "nonfinite_skips"):
         if getattr(trainer, key) < 1:
             _fail(f"trainer.{key}", getattr(trainer, key), "use a positive integer")
     for key in ("max_steps", "checkpoint_every_steps"):

@@ -24,10 +24,10 @@ from train.data import DataPipeline
 from train.data.batch import Batch
 from train.data.loader import explain_loader_error
 from train.data.stream import LoaderPositions
-from train.dist import DistEnv, all_reduce_sum, barrier
+from train.dist import DistEnv, all_reduce_sum, any_rank, barrier
 from train.metrics import EpochMeter, append_jsonl, reduce_over_ranks
 from train.monitoring import Monitor
-from train.step import TrainStep
+from train.step import Diverged, TrainStep
 from train.stop import RankAgreement, Stopped, StopSignal
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,10 @@ class Trainer:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.checkpoint_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST
         self.best_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.BEST
+        self.saved_step: int | None = None  # the step the checkpoints on disk reached (None: none written yet)
+        if env.is_main:
+            checkpoint.warn_if_little_room(run_dir, 3 * checkpoint.tensor_bytes(model.state_dict()),
+                                           tc.keep_checkpoints)
 
     def _call(self, hook: str, *args) -> None:
         for callback in self.callbacks:
@@ -114,13 +118,16 @@ class Trainer:
         """Called by every rank at the same step; rank 0 writes last.pt (and best.pt when `best`). The barrier
         after it keeps every rank from moving on (or dying) before the file on disk is whole, so a restarted group
         resumes from one checkpoint."""
+        if any_rank(int(not self.step.watch.confirm(self.step.model))):  # never a non-finite state over a finite one
+            self.diverge("a non-finite loss or weight")
         self._call("on_save")
         self.positions.gather(mid_epoch=self.progress.batch_in_epoch > 0)
         if self.env.is_main:
-            checkpoint.save(self.parts(), self.checkpoint_path)
+            checkpoint.save(self.parts(), self.checkpoint_path, keep=self.cfg.trainer.keep_checkpoints)
             if best:
                 checkpoint.copy_atomic(self.checkpoint_path, self.best_path)
         barrier()
+        self.saved_step = self.progress.step
 
     def resume(self, path: Path) -> None:
         """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
@@ -203,15 +210,27 @@ class Trainer:
     def agree(self) -> None:
         """After each optimizer step: hand this rank's stop signal and micro-batch size to the agreement and act on
         the answer to the previous step's question (every rank gets the same answer at the same step)."""
-        answer = self.agreement.ask([self.stop.signum, -self.step.micro_batch.size])
+        answer = self.agreement.ask([self.stop.signum, -self.step.micro_batch.size, int(not self.step.watch.poll())])
         if answer is not None:
             self.act_on(answer)
 
     def act_on(self, answer: list[int]) -> None:
-        signum, smallest = answer
+        signum, smallest, nonfinite = answer
         self.step.micro_batch.agree(-smallest)
+        if nonfinite:
+            self.diverge("a non-finite loss")
         if signum:
             self.stop_now(signum)
+
+    def diverge(self, what: str) -> None:
+        """Stop the run on divergence, in one line; nothing is saved, so the checkpoints keep the last finite state."""
+        lr = self.step.scheduler.get_last_lr()[0]
+        last = float(self.step.watch.last_finite_loss)
+        kept = f"the checkpoints hold step {self.saved_step}" if self.saved_step is not None else \
+            "no checkpoint was written"
+        raise Diverged(f"diverged by step {self.progress.step} (epoch {self.progress.epoch + 1}, batch "
+                       f"{self.progress.batch_in_epoch}): {what} at lr {lr:.3g} (last finite loss {last:.4g}); {kept}."
+                       " Lower optimizer.lr, lengthen the warm-up, or set trainer.on_nonfinite=skip")
 
     def stop_if_asked(self) -> None:
         """After an epoch's checkpoint: if any rank got a stop signal, save and stop (a blocking agreement)."""
@@ -252,13 +271,17 @@ class Trainer:
         self.data.set_epoch(self.progress.epoch)
         meter = EpochMeter(self.device, self.memory)
         remaining = len(self.data.train) - self.progress.batch_in_epoch
+        skipped_before = self.step.skipped
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
         # remaining == 0: resumed from a checkpoint taken after the epoch's last batch, before its validation
         for batch in self._batches(self.data.train, meter, desc, remaining) if remaining > 0 else ():
             self.progress.batch_in_epoch += 1
             self._call("on_train_batch", batch)
             # a batch with no readable sample still steps under DDP: every rank joins every gradient all-reduce
-            loss, updated = self.step(batch, where=(self.progress.epoch, self.progress.batch_in_epoch))
+            try:
+                loss, updated = self.step(batch, where=(self.progress.epoch, self.progress.batch_in_epoch))
+            except Diverged as err:
+                self.diverge(str(err))
             self.progress.step += updated
             meter.stepped(len(batch), loss, batch.bad)  # no .item(): the GPU is not synced every step
             self.monitor.on_step(self.progress.step, meter)
@@ -271,10 +294,11 @@ class Trainer:
             if self.done():
                 break
         self.step.drop_partial()
+        skipped = self.step.skipped - skipped_before
         pending = self.agreement.answer()  # the last step's question, answered before the epoch's collectives
         if pending is not None:
             self.act_on(pending)
-        return reduce_over_ranks(meter.summary(), self.env, self.device)
+        return {**reduce_over_ranks(meter.summary(), self.env, self.device), "skipped_steps": skipped}
 
     def validate(self, path: Path) -> dict:
         """trainer.mode=validate: the checkpoint's weights on the val split; one metrics row."""

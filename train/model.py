@@ -10,6 +10,7 @@ import torch
 import torchvision
 from omegaconf import OmegaConf
 
+from train.checkpoint import read_weights_only
 from train.config import ConfigError, fitted_spec, instantiate
 
 
@@ -39,7 +40,7 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     """model.weights: a state dict (or a loadout checkpoint, whose `model` entry is one) loaded strictly."""
     if not path.is_file():
         raise ConfigError(f"model.weights={str(path)!r}: no such file; point it at a saved state dict (.pt)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = read_weights_only(path, "model.weights")
     if isinstance(state, dict) and "model" in state and "format" in state:
         state = state["model"]
     try:

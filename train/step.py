@@ -65,6 +65,57 @@ class OutOfMemory(Exception):
                          f"{fix}")
 
 
+SCALE_FLOOR = 1.0  # fp16: a loss scale shrunk below this means the gradients overflow unscaled: divergence
+
+
+class Diverged(Exception):
+    """Training produced non-finite losses (or fp16's loss scale collapsed); the checkpoints keep the last finite
+    state."""
+
+
+class NonFiniteWatch:
+    """Whether every loss since the start was finite, known on the host without waiting for the device: each
+    `poll` starts a copy of the device flag to the host and returns the answer of an earlier copy once it has landed
+    (a CUDA event, queried, never waited on); `confirm` waits (at a checkpoint, where a sync is due anyway)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.finite = torch.ones((), dtype=torch.bool, device=device)
+        self.last_finite_loss = torch.full((), float("nan"), device=device)
+        self._copy: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
+
+    def note(self, loss: torch.Tensor, flag: bool = True) -> None:
+        """Keep the last finite loss (for the divergence line); with `flag`, a non-finite one marks the run."""
+        finite = torch.isfinite(loss)
+        if flag:
+            self.finite &= finite
+        self.last_finite_loss = torch.where(finite, loss.detach().float(), self.last_finite_loss)
+
+    def poll(self) -> bool:
+        """False once a non-finite loss is known on the host (maybe a step or two after it happened)."""
+        known = True
+        if self._copy is not None:
+            host, event = self._copy
+            if event is not None and not event.query():
+                return True  # the earlier copy has not landed: ask again at the next step
+            known = bool(host)
+        cuda = self.device.type == "cuda"
+        host = torch.empty((), dtype=torch.bool, pin_memory=cuda)
+        host.copy_(self.finite, non_blocking=cuda)
+        event = torch.cuda.Event() if cuda else None
+        if event is not None:
+            event.record()
+        self._copy = (host, event)
+        return known
+
+    def confirm(self, model: torch.nn.Module) -> bool:
+        """Every loss so far finite, and every weight and buffer (BatchNorm's statistics) finite now. Waits for the
+        device: at a checkpoint, where a sync is due anyway. An update can make the weights non-finite a step before
+        any loss shows it."""
+        weights = torch.stack([t.isfinite().all() for t in model.state_dict().values() if t.is_floating_point()])
+        return bool(self.finite & weights.all())
+
+
 class MicroBatch:
     """trainer.micro_batch_size as a Stateful part: the slice size reached goes into the checkpoint, so a resumed
     run starts at the size that fit."""
@@ -129,6 +180,11 @@ class TrainStep:
         self.accum = tc.grad_accum_steps
         self.micro = 0  # batches since the last optimizer step
         self.micro_batch = MicroBatch(tc.micro_batch_size, cfg.data.batch_size)
+        # trainer.on_nonfinite: stop = watch the losses without a sync (the loop acts on `watch`); skip = check the
+        # all-reduced gradients before each update (one sync a step) and drop a non-finite step
+        self.skip_nonfinite, self.max_skips = tc.on_nonfinite == "skip", tc.nonfinite_skips
+        self.watch = NonFiniteWatch(device)
+        self.skipped = self.skipped_in_row = 0  # non-finite steps skipped (fp16: steps the GradScaler skipped)
         self._syncing = False  # in the backward that all-reduces gradients: running out of memory there is final
 
     def plan_schedule(self, step: int) -> torch.optim.lr_scheduler.LRScheduler:
@@ -188,6 +244,8 @@ class TrainStep:
             except torch.OutOfMemoryError:
                 pass  # handled outside the except block, so the failed step's tensors are free to go
             self._recover(len(batch))
+        # fp16: an overflow is the GradScaler's to skip; skip: the update checks its gradients
+        self.watch.note(loss, flag=self.precision != "fp16" and not self.skip_nonfinite)
         if update:
             self._optimizer_step()
         return loss, update
@@ -227,13 +285,30 @@ class TrainStep:
             self.scaler.update()
             scale, self._scale = self._scale, self.scaler.get_scale()
             stepped = self._scale >= scale
+        elif self.skip_nonfinite and not self._gradients_finite():
+            stepped = False
         else:
             self.optimizer.step()
             stepped = True
         self.optimizer.zero_grad(set_to_none=True)
-        if stepped:  # a step fp16 skipped (inf gradients) leaves the learning rate where it was
+        if stepped:  # a skipped step (non-finite gradients) leaves the learning rate where it was
             self.scheduler.step()
         self.micro = 0
+        self.skipped += not stepped
+        self.skipped_in_row = 0 if stepped else self.skipped_in_row + 1
+        if self.skip_nonfinite and self.skipped_in_row >= self.max_skips:
+            raise Diverged(f"{self.skipped_in_row} steps in a row had non-finite gradients and were skipped "
+                           f"(trainer.nonfinite_skips={self.max_skips})")
+        if self.scaler.is_enabled() and self._scale < SCALE_FLOOR:
+            raise Diverged(f"fp16's loss scale fell to {self._scale:g}: the gradients overflow even unscaled")
+
+    def _gradients_finite(self) -> bool:
+        """All gradients finite, read on the host: after DDP's all-reduce every rank reads the same answer."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return True
+        norms = torch.stack([torch.linalg.vector_norm(grad.detach().float()) for grad in grads])
+        return bool(torch.isfinite(norms).all())
 
     def drop_partial(self) -> None:
         """At an epoch's end, batches short of a whole accumulation are dropped, as drop_last drops a short
