@@ -11,7 +11,7 @@ ARGS ?=
 NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock dataset train test test-fast lint test-container torchrun slurm gpu-check bench tune tensorboard clean
+.PHONY: help setup lock dataset train test test-fast lint test-container torchrun slurm gpu-check bench soak tune tensorboard clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -78,6 +78,9 @@ $(IMAGENET_DATA)/.complete: | $(VENV)/.installed
 
 bench: setup dataset $(SEED_DATA)/.complete $(PHOTO_DATA)/.complete $(IMAGENET_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
 	@for b in decode workers epoch_latency packed cache rss photos cpu_profile gpu_prefetch; do $(PY) bench/$$b.py || exit 1; done
+
+soak: setup dataset ## A long run stays flat: PSS, open files, threads per epoch, nothing left after exit (SOAK_EPOCHS=40)
+	$(PY) bench/soak.py
 
 clean: ## Remove outputs/ (runs and sweeps; keeps .venv and data/)
 	rm -rf outputs

@@ -15,6 +15,10 @@
 #                         the run dir outputs/torchrun/$RDZV_ID, so a resubmitted job with the same id and
 #                         trainer.resume=auto continues where it stopped
 #   MAX_RESTARTS [3]      times torchrun restarts the whole group after a process dies
+#   LOCAL_ADDR            this node's address on the network the job uses (torchrun --local-addr); default: what
+#                         the hostname resolves to, which on a multi-homed node may be the wrong network
+#   RDZV_CONF             extra rendezvous settings, e.g. "join_timeout=300,read_timeout=60" (torchrun --rdzv-conf)
+#   GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME   the network interface the collectives use (docs/distributed.md)
 #   TORCHRUN [torchrun]   the torchrun command (e.g. ".venv/bin/torchrun")
 #
 # torchrun's agent passes SIGTERM, SIGINT and (added here) SIGUSR1 on to the training processes, which stop at their
@@ -53,6 +57,12 @@ args=(
 )
 if [[ -n "${NODE_RANK:-}" ]]; then
   args+=(--node-rank="$NODE_RANK")
+fi
+if [[ -n "${LOCAL_ADDR:-}" ]]; then
+  args+=(--local-addr="$LOCAL_ADDR")
+fi
+if [[ -n "${RDZV_CONF:-}" ]]; then
+  args+=(--rdzv-conf="$RDZV_CONF")
 fi
 
 # shellcheck disable=SC2086  # TORCHRUN may hold a command with arguments

@@ -2,8 +2,9 @@
 
 Under torchrun every rank runs this file; ranks > 0 get quiet Hydra overrides and share rank 0's run dir.
 Exit status: 0 done, 2 bad input (one line naming the key), 3 out of memory, 4 diverged (each one line; a retry of the
-same config in the same run dir exits at once: train/no_retry.py), 74 a checkpoint could not be written (make room,
-then resume), 75 stopped by a signal with a checkpoint to resume.
+same config in the same run dir exits at once: train/no_retry.py), 69 a collective failed (a node or link lost: one
+line naming the rank), 74 a checkpoint could not be written (make room, then resume), 75 stopped by a signal with a
+checkpoint to resume.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from train.config import ConfigError, drop_worker_knobs, register, validate
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
 from train.overrides import check_command_line
+from train.peers import Heartbeat, LostPeer, first_line, is_collective_failure
 from train.step import Diverged, OutOfMemory
 from train.stop import (
     CHECKPOINT_WRITE_EXIT,
     CONFIG_EXIT,
     DIVERGED_EXIT,
+    LOST_PEER_EXIT,
     OUT_OF_MEMORY_EXIT,
     RESUMABLE_EXIT,
     Stopped,
@@ -75,9 +78,11 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, stop: StopSig
     from train.monitoring import Monitor
 
     monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken metrics port fails before any worker
+    heartbeat = trainer = None
     try:
         with build_data(cfg, env, device) as data:  # its workers end with the run (a multirun's next job starts)
-            dist.init_process_group(env, device, data.val.loader.timeout)  # longer than a batch may take
+            dist.init_process_group(env, device, data.val.loader.timeout, cfg.trainer.dist_timeout_s)
+            heartbeat = Heartbeat(env) if env.distributed else None  # names a lost rank if a collective fails
             model = build_model(cfg.model, data.num_classes, device, channels_last=cfg.trainer.channels_last)
             trainer = Trainer(cfg, env, device, data, model, run_dir, monitor, stop, callbacks)
             # torchrun restarted the group: continue this run dir. Any rank's count: across nodes only the agent
@@ -89,7 +94,16 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, stop: StopSig
             if resume_path is not None:
                 trainer.resume(resume_path)
             return trainer.fit()
+    except RuntimeError as err:
+        if heartbeat is None or not is_collective_failure(err):
+            raise
+        where = f" at epoch {trainer.progress.epoch + 1}, batch {trainer.progress.batch_in_epoch}" if trainer else ""
+        raise LostPeer(f"a collective failed{where}: lost {heartbeat.lost()} ({first_line(err)}); torchrun restarts "
+                       "the group from the last checkpoint while --max-restarts allows, else start it again with "
+                       "trainer.resume=auto") from err
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         monitor.close()
         dist.destroy_process_group()
 
@@ -117,6 +131,8 @@ def main(cfg: DictConfig) -> None:
         fail(err, DIVERGED_EXIT)
     except CheckpointWriteError as err:
         fail(err, CHECKPOINT_WRITE_EXIT)
+    except LostPeer as err:
+        fail(err, LOST_PEER_EXIT)
     except Stopped as stopped:
         if DistEnv.from_env().is_main:
             log.warning("%s; continue with: %s", stopped, continue_command(run_dir))

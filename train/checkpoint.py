@@ -58,9 +58,15 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None], keep: int = 1) 
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        for age in range(keep - 1, 0, -1):
+        for age in range(keep - 1, 1, -1):
             if older(path, age - 1).exists():
                 os.replace(older(path, age - 1), older(path, age))
+        if keep > 1 and path.exists():  # a hard link keeps `path` in place until the rename replaces it
+            older(path, 1).unlink(missing_ok=True)
+            try:
+                os.link(path, older(path, 1))
+            except OSError:  # a file system without hard links
+                os.replace(path, older(path, 1))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

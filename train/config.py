@@ -90,6 +90,7 @@ class TrainerConfig:
     deterministic: bool = False
     resume: str | None = None  # auto | path to a checkpoint | null; a torchrun restart always continues its run dir
     checkpoint_every_steps: int | None = None  # also saves the data loader's mid-epoch position
+    dist_timeout_s: float | None = None  # a collective that waits longer fails; null = max(600, data.timeout + 300)
     keep_checkpoints: int = 2  # last.pt and the ones before it (last.1.pt, ...): resume=auto takes the newest readable
     on_nonfinite: str = "stop"  # a NaN/inf loss: stop (the checkpoints keep the last finite state) | skip the step
     nonfinite_skips: int = 10  # with skip: steps skipped in a row before the run stops anyway
@@ -193,6 +194,9 @@ def validate(cfg: Any) -> None:
     for key in ("epochs", "grad_accum_steps"):
         if getattr(trainer, key) < 1:
             _fail(f"trainer.{key}", getattr(trainer, key), "use a positive integer")
+    if trainer.dist_timeout_s is not None and trainer.dist_timeout_s <= (data.timeout or 0):
+        _fail("trainer.dist_timeout_s", trainer.dist_timeout_s, f"use more than data.timeout ({data.timeout}), so a "
+              "stuck worker's error (naming its file) comes before the collectives' timeout; or null")
     if trainer.on_nonfinite not in ("stop", "skip"):
         _fail("trainer.on_nonfinite", trainer.on_nonfinite, "use stop or skip")
     for key in ("keep_checkpoints", "nonfinite_skips"):

@@ -74,13 +74,16 @@ def restart_store(env: DistEnv) -> torch_dist.Store | None:
 _control_group: torch_dist.ProcessGroup | None = None
 
 
-def group_timeout(data_timeout_s: float | None) -> timedelta:
-    """The collectives' timeout: longer than a DataLoader batch may take (data.timeout), so a stuck worker's error,
-    which names the file it is stuck on, comes before the NCCL watchdog's."""
+def group_timeout(data_timeout_s: float | None, setting_s: float | None = None) -> timedelta:
+    """The collectives' timeout (trainer.dist_timeout_s, else longer than a DataLoader batch may take, data.timeout),
+    so a stuck worker's error, which names the file it is stuck on, comes before the NCCL watchdog's."""
+    if setting_s is not None:
+        return timedelta(seconds=setting_s)
     return timedelta(seconds=max(DEFAULT_GROUP_TIMEOUT_S, (data_timeout_s or 0) + GROUP_TIMEOUT_MARGIN_S))
 
 
-def init_process_group(env: DistEnv, device: torch.device, data_timeout_s: float | None = None) -> None:
+def init_process_group(env: DistEnv, device: torch.device, data_timeout_s: float | None = None,
+                       timeout_s: float | None = None) -> None:
     """nccl on CUDA, gloo on CPU; a no-op for a single process. A gloo group beside it carries the loop's control
     flags (`any_rank`, stop.RankAgreement), so asking "did any rank get a stop signal?" never waits for the GPU
     nor interleaves with the gradient all-reduces."""
@@ -91,7 +94,7 @@ def init_process_group(env: DistEnv, device: torch.device, data_timeout_s: float
         store = restart_store(env)
         if store is not None:
             kwargs["store"] = store
-        timeout = group_timeout(data_timeout_s)
+        timeout = group_timeout(data_timeout_s, timeout_s)
         torch_dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
                                       **kwargs)
         _control_group = torch_dist.new_group(backend="gloo", timeout=timeout)

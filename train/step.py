@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import warnings
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -166,9 +167,12 @@ class TrainStep:
             precision.allow_tf32(device)
         # broadcast_buffers=False: no BatchNorm buffer broadcast before every forward (rank 0's are checkpointed);
         # gradient_as_bucket_view: gradients live in the all-reduce buckets, no copy in and out.
-        self.ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
-                                           broadcast_buffers=False, gradient_as_bucket_view=True) \
-            if env.distributed else model
+        self.ddp = model
+        if env.distributed:
+            with warnings.catch_warnings():  # torch 2.14 deprecates the name; its successor still syncs at init
+                warnings.filterwarnings("ignore", "`broadcast_buffers` is deprecated", FutureWarning)
+                self.ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                                   broadcast_buffers=False, gradient_as_bucket_view=True)
         self.compiled = torch.compile(self.ddp, mode=None if tc.compile_mode == "default" else tc.compile_mode,
                                       dynamic=False) if tc.compile else None
         self.optimizer = instantiate("optimizer", cfg.optimizer)(model.parameters())
