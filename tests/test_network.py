@@ -138,7 +138,11 @@ def test_a_link_down_fails_within_the_timeout_naming_the_lost_node_and_a_restart
         ip("-n", ns["b"], "link", "set", dev["b"], "down")
         out_a = node_a.communicate(timeout=180)[0]
         failed_after = time.monotonic() - down
-        node_b.communicate(timeout=180)
+        try:  # the cut-off node's torchrun agent may wait on the unreachable store: kill it, as srun
+            node_b.communicate(timeout=30)  # --kill-on-bad-exit (train.sbatch) or a failed PyTorchJob would
+        except subprocess.TimeoutExpired:
+            kill_node(node_b)
+            node_b.communicate()
     finally:
         ip("-n", ns["b"], "link", "set", dev["b"], "up")
         for node in (node_a, node_b):

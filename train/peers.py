@@ -22,8 +22,14 @@ log = logging.getLogger(__name__)
 
 BEAT_S = 2.0
 STORE_TIMEOUT = timedelta(seconds=5)
+LOST_DEADLINE_S = 3 * BEAT_S + 10
 # How gloo's failures read (it raises a plain RuntimeError; NCCL's are torch.distributed.DistError).
 GLOO_FAILURES = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def cut_off() -> str:
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    return f"contact with torchrun's store at {where} too: this node ({socket.gethostname()}) is cut off"
 
 
 class LostPeer(Exception):
@@ -59,7 +65,15 @@ class Heartbeat:
         self._stop.set()
 
     def lost(self) -> str:
-        """Who stopped beating, read twice a few beats apart: 'rank 1 (host b)', or why it cannot be told."""
+        """Who stopped beating, read twice a few beats apart: 'rank 1 (host b)', or why it cannot be told. Never
+        longer than LOST_DEADLINE_S: a store behind a dead link can block a call past its own timeout."""
+        answer: list[str] = []
+        reader = threading.Thread(target=lambda: answer.append(self._silent()), daemon=True, name="loadout-lost")
+        reader.start()
+        reader.join(LOST_DEADLINE_S)
+        return answer[0] if answer else cut_off()
+
+    def _silent(self) -> str:
         if self.store is None:
             return "the other ranks (no store to ask)"
         ranks = range(self.env.world_size)
@@ -70,8 +84,7 @@ class Heartbeat:
             silent = [rank for rank in ranks if rank != self.env.rank and after[rank] == before[rank]]
             hosts = {rank: self.store.get(f"{self.prefix}/host/{rank}").decode() for rank in silent}
         except Exception:
-            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-            return f"contact with torchrun's store at {where} too: this node ({socket.gethostname()}) is cut off"
+            return cut_off()
         if not silent:
             return "no rank (all still beat: a rank stuck or slow rather than gone)"
         return ", ".join(f"rank {rank} (host {hosts[rank]})" for rank in silent)
