@@ -187,8 +187,7 @@ def test_ranks_above_zero_write_nothing(tiny_dataset, tmp_path):
 def test_restart_resumes_from_the_run_dir(tmp_path):
     last = checkpoint.checkpoint_dir(tmp_path) / checkpoint.LAST
     assert checkpoint.find_resume_path(None, tmp_path, restarted=True) is None
-    last.parent.mkdir()
-    last.write_bytes(b"")
+    checkpoint.save({"model": torch.nn.Linear(2, 2)}, last)
     assert checkpoint.find_resume_path(None, tmp_path) is None
     assert checkpoint.find_resume_path(None, tmp_path, restarted=True) == last
     assert checkpoint.find_resume_path("/elsewhere.pt", tmp_path, restarted=True) == last
