@@ -188,3 +188,13 @@ def test_a_second_run_on_the_same_run_dir_is_refused_and_a_dead_holder_is_taken_
     log = next((tmp_path / "run").glob("*.log")).read_text()
     assert "run dir lock taken over from host" in log and f"pid {first.pid}" in log
     assert not (tmp_path / "run" / "run.lock").exists()
+
+
+def test_a_run_dir_without_room_for_two_checkpoints_is_one_warning_at_start(tmp_path, caplog):
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    checkpoint.warn_if_little_room(tmp_path, state_bytes=free, keep=2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "less than 2 checkpoints" in warnings[0] and str(tmp_path) in warnings[0]
+    caplog.clear()
+    checkpoint.warn_if_little_room(tmp_path, state_bytes=1024, keep=2)
+    assert not caplog.records
