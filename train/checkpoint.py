@@ -156,7 +156,7 @@ def newest_readable(run_dir: Path) -> Path | None:
     readable = []
     for path in candidates(run_dir):
         try:
-            state = read_weights_only(path, "trainer.resume")
+            state = read_weights_only(path, "trainer.resume", mmap=True)  # the one chosen is read once, later
         except ConfigError as err:
             log.warning("trainer.resume=auto: skipped %s: %s", path, str(err).split(": ", 1)[-1])
             continue
@@ -189,12 +189,13 @@ class UnsafeFile(ConfigError):
     """A file whose unpickling would import and call something other than tensors and plain containers."""
 
 
-def read_weights_only(path: Path, key: str, map_location: torch.device | str = "cpu"):
+def read_weights_only(path: Path, key: str, map_location: torch.device | str = "cpu", mmap: bool = False):
     """torch.load with weights_only=True: tensors, numbers, strings and containers only, so a downloaded file cannot
     run code. A file that needs anything else is refused in one line naming `key`, the file and what it would load;
-    any other unreadable file raises `ConfigError` with torch's reason in one line."""
+    any other unreadable file raises `ConfigError` with torch's reason in one line. `mmap`: map the tensors'
+    bytes instead of reading them (a probe of the file's structure)."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+)", str(err))  # a pickle that imports something: the way code runs on load
         if found is None:

@@ -214,6 +214,12 @@ class Trainer:
         if answer is not None:
             self.act_on(answer)
 
+    def settle(self) -> None:
+        """Wait for the question in flight, if any, and act on its answer."""
+        answer = self.agreement.answer()
+        if answer is not None:
+            self.act_on(answer)
+
     def act_on(self, answer: list[int]) -> None:
         signum, smallest, nonfinite = answer
         self.step.micro_batch.agree(-smallest)
@@ -234,9 +240,7 @@ class Trainer:
 
     def stop_if_asked(self) -> None:
         """After an epoch's checkpoint: if any rank got a stop signal, save and stop (a blocking agreement)."""
-        pending = self.agreement.answer()
-        if pending is not None:
-            self.act_on(pending)
+        self.settle()
         signum = self.stop.agreed()
         if signum:
             self.stop_now(signum)
@@ -295,9 +299,7 @@ class Trainer:
                 break
         self.step.drop_partial()
         skipped = self.step.skipped - skipped_before
-        pending = self.agreement.answer()  # the last step's question, answered before the epoch's collectives
-        if pending is not None:
-            self.act_on(pending)
+        self.settle()  # the last step's question, answered before the epoch's collectives
         return {**reduce_over_ranks(meter.summary(), self.env, self.device), "skipped_steps": skipped}
 
     def validate(self, path: Path) -> dict:

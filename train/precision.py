@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from train.config import ConfigError
+
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -37,7 +39,11 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
 def resolve(setting: str, device: torch.device, *, flags: set[str] | None = None,
             cuda_bf16: bool | None = None) -> str:
     """trainer.precision for `device`: auto becomes bf16, fp16 or fp32 (said in one log line); the rest stand.
-    `flags` (the CPU's) and `cuda_bf16` (the GPU runs bf16 natively) default to this machine's."""
+    `flags` (the CPU's) and `cuda_bf16` (the GPU runs bf16 natively) default to this machine's. fp16 off CUDA fails
+    in one line: its GradScaler is CUDA's."""
+    if setting == "fp16" and device.type != "cuda":
+        raise ConfigError(f"trainer.precision=fp16: fp16 (with its GradScaler) is for CUDA, this run is on {device}; "
+                          "use bf16, fp32 or auto")
     if setting != "auto":
         return setting
     if device.type == "cuda":

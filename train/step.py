@@ -24,7 +24,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from train import precision
-from train.config import ConfigError, instantiate
+from train.config import instantiate
 from train.data.augment import BatchMix
 from train.data.batch import Batch
 from train.dist import DistEnv
@@ -160,9 +160,6 @@ class TrainStep:
         self.input_shape = input_shape or (3, cfg.data.image_size, cfg.data.image_size)
         self.distributed = env.distributed
         self.precision = precision.resolve(tc.precision, device)
-        if self.precision == "fp16" and device.type != "cuda":
-            raise ConfigError(f"trainer.precision=fp16: fp16 (with its GradScaler) is for CUDA, this run is on "
-                              f"{device}; use bf16, fp32 or auto")
         if self.precision == "fp32":
             precision.allow_tf32(device)
         # broadcast_buffers=False: no BatchNorm buffer broadcast before every forward (rank 0's are checkpointed);

@@ -7,8 +7,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import get_worker_info
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import default_collate, get_worker_info
 
 
 @dataclass

@@ -19,7 +19,9 @@ from collections.abc import Callable
 import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
-from torchvision.transforms.v2._transform import _RandomApplyTransform
+
+# The forward v2's random-apply transforms share (flips, grayscale, solarize, ...): a coin with p, then the transform.
+RANDOM_APPLY_FORWARD = v2.RandomVerticalFlip.forward
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -45,7 +47,7 @@ def _direct(step: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
     forward = getattr(type(step), "forward", None)
     if forward is v2.Transform.forward:
         return lambda image: step.transform(image, step.make_params([image]))
-    if forward is _RandomApplyTransform.forward:
+    if forward is RANDOM_APPLY_FORWARD:
         threshold = _as_float32(step.p)
 
         def coin_then_transform(image: torch.Tensor) -> torch.Tensor:
