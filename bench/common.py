@@ -1,4 +1,4 @@
-"""Shared helpers for the data-path benchmarks: the kit's config, its data path, timing, and worker memory.
+"""Shared helpers for the data-path benchmarks: loadout's config, its data path, timing, and worker memory.
 
 Every benchmark measures both sides of its ratio in one run, interleaved (A B A B, best of each), so a machine
 shared with other jobs slows both sides alike.
@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from train.config import register
-from train.data import DataPipeline, build_data
+from train.data import DataPipeline, data_from_config
 from train.data.batch import Batch
 from train.dist import DistEnv
 from train.metrics import EpochMeter
@@ -35,7 +35,7 @@ def config(*overrides: str, root: Path = DATA):
 
 
 def pipeline(*overrides: str, root: Path = DATA) -> DataPipeline:
-    return build_data(config(*overrides, root=root), DistEnv(), CPU)
+    return data_from_config(config(*overrides, root=root), DistEnv(), CPU)
 
 
 def jpeg_files(root: Path) -> list[Path]:
@@ -61,7 +61,7 @@ def images_per_s(batches: Iterable, step: Callable[[], None] | None = None) -> f
 
 
 def batch_size(batch) -> int:
-    """Images in a batch: the kit's Batch, or a stock loader's [images, targets]."""
+    """Images in a batch: loadout's Batch, or a stock loader's [images, targets]."""
     return len(batch) if isinstance(batch, Batch) else batch[0].shape[0]
 
 

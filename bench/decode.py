@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""JPEG decoding in one process, one thread: the kit's decoder (train/data/decode.py: simplejpeg, at the DCT scale
-the resize needs) against torchvision.io.decode_image (the kit's decoder before) and PIL, images/s on the embedded
-set (80 px), the seed pipeline's 320 px set and ImageNet-sized 500 px JPEGs. At these sizes no DCT scale keeps the
-resize size, so every file is decoded whole: kit / torchvision >= 1 is no regression (12 MP photos: bench/photos.py).
+"""JPEG decoding in one process, one thread: loadout's decoder (train/data/decode.py: simplejpeg, at the DCT scale
+the resize needs) against torchvision.io.decode_image and PIL, images/s on the embedded set (80 px), a 320 px set
+(Resize 256 -> RandomCrop 224) and ImageNet-sized 500 px JPEGs. At these sizes no DCT scale keeps the resize size,
+so every file is decoded whole: loadout / torchvision >= 1 is no regression (12 MP photos: bench/photos.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from train.data.decode import decode_image_file
 
 IMAGENET_DATA = Path(os.environ.get("IMAGENET_DATA", ROOT / "data" / "synthetic-500"))
 DECODERS = {
-    "kit": lambda raw, side: decode_image_file(raw, side),
+    "loadout": lambda raw, side: decode_image_file(raw, side),
     "torchvision": lambda raw, side: decode_image(torch.frombuffer(bytearray(raw), dtype=torch.uint8),
                                                   mode=ImageReadMode.RGB),
     "PIL": lambda raw, side: F.pil_to_tensor(Image.open(io.BytesIO(raw)).convert("RGB")),
@@ -46,7 +46,7 @@ if __name__ == "__main__":
     for root, resize in ((DATA, 73), (SEED_DATA, 256), (IMAGENET_DATA, 256)):  # the resize sizes of 64 / 224 px crops
         files = [path.read_bytes() for path in jpeg_files(root)[:1000]]
         rate = rates(files, resize)
-        ratio = rate["kit"] / rate["torchvision"]
-        report(f"decode kit / torchvision.io, {root.name}", ratio, ">= 1 (no regression)", ratio >= 1,
-               f"kit {rate['kit']:.0f}, torchvision.io {rate['torchvision']:.0f}, PIL {rate['PIL']:.0f} img/s "
-               f"(kit / PIL {rate['kit'] / rate['PIL']:.2f}), {len(files)} JPEGs; {machine()}")
+        ratio = rate['loadout'] / rate["torchvision"]
+        report(f"decode loadout / torchvision.io, {root.name}", ratio, ">= 1 (no regression)", ratio >= 1,
+               f"loadout {rate['loadout']:.0f}, torchvision.io {rate['torchvision']:.0f}, PIL {rate['PIL']:.0f} img/s "
+               f"(loadout / PIL {rate['loadout'] / rate['PIL']:.2f}), {len(files)} JPEGs; {machine()}")

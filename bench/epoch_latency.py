@@ -2,10 +2,10 @@
 """First-batch latency, epoch 2 over epoch 1, on the embedded dataset (target <= 0.15).
 
 The loop is the engine's: set_epoch, train an epoch (a 10 ms stand-in step per batch, as a GPU would take), run
-validation, next epoch. The kit's TrainStream keeps the workers decoding epoch 2 while epoch 1 ends and validation
+validation, next epoch. loadout's TrainStream keeps the workers decoding epoch 2 while epoch 1 ends and validation
 runs; a stock persistent-workers DataLoader starts epoch 2 by handing out new indices and waiting a whole batch.
 
-Each trial starts a fresh loader (epoch 1 pays for the workers' start-up, as in a real run); kit and stock trials
+Each trial starts a fresh loader (epoch 1 pays for the workers' start-up, as in a real run); loadout and stock trials
 alternate, and the ratio is the median of the trials' ratios. On a 2-core box two busy workers leave the main
 process a share of a core, so the same epoch-2 batch takes 1.5 ms in one trial and 6 ms in the next (the main
 process's own work: the copy out of the ring, the CPU normalize): one trial alone is noise, the median is the loader.
@@ -20,7 +20,7 @@ from common import images_per_s, interleaved_samples, machine, pipeline, report
 from torch.utils.data import DataLoader
 
 from train.data.batch import collate
-from train.data.loader import shutdown_workers
+from train.data.stateful import shutdown_workers
 
 SETTINGS = ("data.num_workers=2", "data.persistent_workers=true", "trainer.epochs=2", "data.batch_size=64")
 TRIALS = 5
@@ -44,7 +44,7 @@ def first_batches(train, set_epoch, val) -> tuple[float, float]:
     return latencies[0], latencies[1]
 
 
-def kit() -> tuple[float, float]:
+def loadout() -> tuple[float, float]:
     with pipeline(*SETTINGS) as data:
         return first_batches(data.train, data.set_epoch, data.val)
 
@@ -67,8 +67,9 @@ def summary(trials: list[tuple[float, float]]) -> tuple[float, str]:
 
 
 if __name__ == "__main__":
-    ours, theirs = interleaved_samples(kit, stock, rounds=TRIALS)
-    (ratio, kit_trials), (stock_ratio, stock_trials) = summary(ours), summary(theirs)
+    ours, theirs = interleaved_samples(loadout, stock, rounds=TRIALS)
+    (ratio, loadout_trials), (stock_ratio, stock_trials) = summary(ours), summary(theirs)
     report("first batch epoch 2 / epoch 1", ratio, "<= 0.15", ratio <= 0.15,
-           f"median of {TRIALS} trials; kit ms {kit_trials}; stock persistent DataLoader ratio {stock_ratio:.2f} "
+           f"median of {TRIALS} trials; loadout ms {loadout_trials}; stock persistent DataLoader ratio "
+           f"{stock_ratio:.2f} "
            f"(ms {stock_trials}); 2 workers, batch 64; {machine()}")

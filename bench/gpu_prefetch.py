@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from common import SEED_DATA, config, host_batches, machine
 
-from train.data import DataPipeline, build_data
+from train.data import DataPipeline, data_from_config
 from train.data.batch import Batch
 from train.data.transforms import DeviceNormalize
 from train.dist import DistEnv
@@ -64,9 +64,9 @@ def data_wait(prefetch: bool, device: torch.device, *overrides: str, root: Path 
     definition), training through train/step.py's TrainStep (ResNet-50, AMP on CUDA): the a100 profile on the
     320 px JPEG set unless `overrides` and `root` say otherwise."""
     cfg = config("hardware=a100", f"trainer.epochs={steps + 1}", *overrides, root=root)
-    with build_data(cfg, DistEnv(), device) as data:
+    with data_from_config(cfg, DistEnv(), device) as data:
         net = build_model(cfg.model, data.num_classes, device, channels_last=True)
-        step = TrainStep(cfg, DistEnv(), device, net, total_steps=steps)
+        step = TrainStep.from_config(cfg, DistEnv(), device, net, total_steps=steps)
         batches: Iterable[Batch] = _prefetched(data, cfg.trainer.epochs) if prefetch else _copied(data, device)
         meter = EpochMeter(device)
         for index, batch in enumerate(batches):

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""12 MP camera photos trained at 224 px: the kit's data path (JPEGs decoded at the DCT scale the resize needs)
+"""12 MP camera photos trained at 224 px: loadout's data path (JPEGs decoded at the DCT scale the resize needs)
 against a stock loader (torchvision ImageFolder + PIL + Resize(256) + RandomCrop(224) + flip + ToTensor), data only,
-2 workers each, measured in the same rounds (target: kit / stock >= 5).
+2 workers each, measured in the same rounds (target: loadout / stock >= 5).
 
-Also in the same rounds: the kit with data.scaled_decode=false (what the scaled decode alone buys). The decoder on
+Also in the same rounds: loadout with data.scaled_decode=false (what the scaled decode alone buys). The decoder on
 320 px and ImageNet-sized JPEGs, where no scale applies, is in bench/decode.py.
 """
 
@@ -24,8 +24,8 @@ KIT = (f"data.num_workers={WORKERS}", f"data.batch_size={BATCH}", "data.image_si
        "data.persistent_workers=true", "dataset=imagefolder")
 
 
-def kit_rate(root: Path, *overrides: str) -> float:
-    """Images/s of the kit's host batches over 3 epochs of one persistent loader (timed from its second batch)."""
+def loadout_rate(root: Path, *overrides: str) -> float:
+    """Images/s of loadout's host batches over 3 epochs of one persistent loader (timed from its second batch)."""
     with pipeline(*KIT, *overrides, root=root) as data:
         return images_per_s(host_batches(data, 0))
 
@@ -54,12 +54,13 @@ def rounds(measures: dict, count: int) -> dict[str, list[float]]:
 if __name__ == "__main__":
     files = jpeg_files(PHOTO_DATA)
     megabytes = statistics.median(f.stat().st_size for f in files) / 1e6
-    photos = rounds({"kit": lambda: kit_rate(PHOTO_DATA),
-                     "kit, full decode": lambda: kit_rate(PHOTO_DATA, "data.scaled_decode=false"),
+    photos = rounds({"loadout": lambda: loadout_rate(PHOTO_DATA),
+                     "loadout, full decode": lambda: loadout_rate(PHOTO_DATA, "data.scaled_decode=false"),
                      "stock": lambda: stock_rate(PHOTO_DATA)}, ROUNDS)
-    kit, full, stock = (max(photos[name]) for name in ("kit", "kit, full decode", "stock"))
-    report("12 MP photos: kit / stock img/s", kit / stock, f">= {TARGET:g}", kit / stock >= TARGET,
-           f"{kit:.0f} vs {stock:.0f} img/s (kit {spread(photos['kit'])}, stock {spread(photos['stock'])}); "
+    loadout, full, stock = (max(photos[name]) for name in ("loadout", "loadout, full decode", "stock"))
+    report("12 MP photos: loadout / stock img/s", loadout / stock, f">= {TARGET:g}", loadout / stock >= TARGET,
+           f"{loadout:.0f} vs {stock:.0f} img/s (loadout {spread(photos['loadout'])}, "
+           f"stock {spread(photos['stock'])}); "
            f"{len(files)} JPEGs of 4032x3024, median {megabytes:.1f} MB; {WORKERS} workers, batch {BATCH}, "
            f"224 px crops; {machine()}")
-    print(f"  12 MP photos, scaled / full decode in the kit: {kit / full:.2f} ({kit:.0f} vs {full:.0f} img/s)")
+    print(f"  12 MP photos, scaled / full decode in loadout: {loadout / full:.2f} ({loadout:.0f} vs {full:.0f} img/s)")

@@ -2,7 +2,7 @@
 """Worker memory over an epoch: peak RSS growth of each DataLoader worker from its first batch (target <= 5 %), and
 beside it the growth of its USS (the pages it holds alone, which copy-on-read makes private) in MiB.
 
-Metadata in numpy arrays (the kit) against the same dataset with its paths in a Python list (the copy-on-read
+Metadata in numpy arrays (loadout) against the same dataset with its paths in a Python list (the copy-on-read
 pattern of pytorch/pytorch#13246), both through real workers over the embedded dataset's three epochs.
 """
 
@@ -14,7 +14,7 @@ from train.metrics import MIB, worker_memory
 
 
 class ListPaths:
-    """The kit's ImageFolder with its paths moved into a Python list of str objects (for contrast)."""
+    """loadout's ImageFolder with its paths moved into a Python list of str objects (for contrast)."""
 
     def __init__(self, dataset):
         self.dataset, self.paths = dataset, [p.decode() for p in dataset.paths]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The kit's JPEG pipeline, images/s with data.num_workers=2 over data.num_workers=0 (target >= 1.7), beside a
+"""loadout's JPEG pipeline, images/s with data.num_workers=2 over data.num_workers=0 (target >= 1.7), beside a
 stock DataLoader over torchvision's ImageFolder with the same decoder and transforms, and beside this machine's
 own ceiling for two processes, all measured in the same rounds.
 
@@ -8,7 +8,7 @@ where the target applies, and the cpu profile's (the embedded 80 px JPEGs, Resiz
 reference: there an image costs ~150 us, so the per-batch hand-over weighs ten times as much.
 
 The ceiling: two independent num_workers=0 pipelines, each in its own process and started together, over one
-alone. No loader can beat it (it is the same per-image work on two cores, with no hand-over at all), so the kit's
+alone. No loader can beat it (it is the same per-image work on two cores, with no hand-over at all), so loadout's
 ratio over it is the loader's parallel efficiency, whatever the host gives two processes at the time.
 
 Timed at the host side of the host-to-device copy (the uint8 batches the workers hand over): on a GPU machine the
@@ -56,9 +56,9 @@ class Case:
 
     @property
     def resize(self) -> int:
-        return round(self.image_size * 256 / 224)  # the kit's default data.resize_size
+        return round(self.image_size * 256 / 224)  # loadout's default data.resize_size
 
-    def kit(self, workers: int) -> tuple[str, ...]:
+    def loadout(self, workers: int) -> tuple[str, ...]:
         return (f"data.num_workers={workers}", f"trainer.epochs={MEASURED_EPOCHS + 1}", f"data.batch_size={BATCH}",
                 f"data.image_size={self.image_size}")
 
@@ -67,8 +67,8 @@ SEED = Case("seed pipeline, 320 px JPEGs, Resize 256 -> RandomCrop 224", SEED_DA
 CPU_PROFILE = Case("cpu profile, 80 px JPEGs, Resize 73 -> RandomCrop 64", DATA, 64)
 
 
-def kit_rate(case: Case, workers: int) -> float:
-    with pipeline(*case.kit(workers), root=case.root) as data:
+def loadout_rate(case: Case, workers: int) -> float:
+    with pipeline(*case.loadout(workers), root=case.root) as data:
         return steady_images_per_s(data)
 
 
@@ -81,7 +81,7 @@ def _until(batches: Iterable, stop) -> Iterator:
 
 def _side_by_side(case: Case, start, stop, results) -> None:
     torch.set_num_threads(1)  # as in a DataLoader worker
-    with pipeline(*case.kit(0), root=case.root) as data:
+    with pipeline(*case.loadout(0), root=case.root) as data:
         images_per_s(host_batches(data, 0))  # warm-up epoch
         start.wait()
         results.put(images_per_s(_until(host_batches(data, 1), stop)))
@@ -120,9 +120,9 @@ def measure(case: Case) -> tuple[float, str]:
     """Rounds of every side, best of each: this VM's throughput swings up to 1.8x between identical runs (other
     tenants), and 2 workers need both cores quiet at once where 0 workers need one; the spread is printed beside
     the ratio, with the ceiling (two 0-worker processes side by side / one) that the host allowed in the same
-    rounds. Returns the kit's ratio and the details."""
+    rounds. Returns loadout's ratio and the details."""
     jpeg_files(case.root)
-    sides = {"kit 2": partial(kit_rate, case, 2), "kit 0": partial(kit_rate, case, 0),
+    sides = {"loadout 2": partial(loadout_rate, case, 2), "loadout 0": partial(loadout_rate, case, 0),
              "two 0": partial(ceiling_rate, case), "stock 2": partial(stock_rate, case, 2),
              "stock 0": partial(stock_rate, case, 0)}
     rates: dict[str, list[float]] = {name: [] for name in sides}
@@ -130,17 +130,18 @@ def measure(case: Case) -> tuple[float, str]:
         for name, side in sides.items():
             rates[name].append(side())
     best = {name: max(values) for name, values in rates.items()}
-    ratio = best["kit 2"] / best["kit 0"]
-    ceiling = best["two 0"] / best["kit 0"]
+    ratio = best["loadout 2"] / best["loadout 0"]
+    ceiling = best["two 0"] / best["loadout 0"]
     stock = best["stock 2"] / best["stock 0"]
-    per_round = statistics.median(a / b for a, b in zip(rates["kit 2"], rates["kit 0"], strict=True))
+    per_round = statistics.median(a / b for a, b in zip(rates["loadout 2"], rates["loadout 0"], strict=True))
     return ratio, (
-        f"{case.name}: {best['kit 2']:.0f} vs {best['kit 0']:.0f} img/s (all rounds: {spread(rates['kit 2'])} vs "
-        f"{spread(rates['kit 0'])}; median of the rounds' ratios {per_round:.2f}); this machine's ceiling, two "
+        f"{case.name}: {best['loadout 2']:.0f} vs {best['loadout 0']:.0f} img/s (all rounds: "
+        f"{spread(rates['loadout 2'])} vs "
+        f"{spread(rates['loadout 0'])}; median of the rounds' ratios {per_round:.2f}); this machine's ceiling, two "
         f"0-worker pipelines side by side / one: {ceiling:.2f} ({best['two 0']:.0f} img/s), so the workers reach "
         f"{ratio / ceiling:.0%} of it; stock DataLoader {best['stock 2']:.0f} vs {best['stock 0']:.0f} img/s "
-        f"(ratio {stock:.2f}, {stock / ceiling:.0%} of the ceiling); kit / stock at 2 workers "
-        f"{best['kit 2'] / best['stock 2']:.2f}; batch {BATCH}, uint8 batches; {machine()}")
+        f"(ratio {stock:.2f}, {stock / ceiling:.0%} of the ceiling); loadout / stock at 2 workers "
+        f"{best['loadout 2'] / best['stock 2']:.2f}; batch {BATCH}, uint8 batches; {machine()}")
 
 
 if __name__ == "__main__":

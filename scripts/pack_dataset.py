@@ -5,14 +5,75 @@
     python scripts/pack_dataset.py cifar-10-batches-py data/cifar-packed --size 36
 
 Every image is made square at --size px (shorter side resized, centre crop); pick the training resize size
-(image_size * 256 / 224 by default) so training skips the Resize step. The format is in train/data/packed.py.
+(image_size * 256 / 224 by default) so training skips the Resize step. The format is in train/data/packed.py, which reads it.
 """
 
 import argparse
+import json
+import logging
 from pathlib import Path
 
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
 from train.data.datasets import Cifar10Dataset, ImageFolderDataset
-from train.data.packed import pack_split
+from train.data.packed import IMAGES, META, TARGETS
+from train.data.source import as_uint8_tensor
+from train.data.transforms import fit_square
+
+log = logging.getLogger(__name__)
+
+
+class _Fitted(Dataset):
+    """(square image, label, ok) of a decodable dataset, for packing with DataLoader workers."""
+
+    def __init__(self, dataset, size: int):
+        self.dataset, self.size = dataset, size
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        try:
+            image, label = self.dataset[index][:2]
+            image = fit_square(as_uint8_tensor(image), self.size)
+        except (RuntimeError, OSError, ValueError) as err:
+            log.warning("pack: skipping unreadable sample %d: %s", index, err)
+            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), -1
+        return image, int(label)
+
+
+def pack_split(dataset, out_dir: str | Path, size: int, num_workers: int = 0, source: str = "") -> int:
+    """Write `dataset` (any source: `dataset[i]` = (image, label), `.classes`) as a packed split of
+    `size` px squares; unreadable samples are left out. Returns the number of samples written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = len(dataset)
+    images = np.lib.format.open_memmap(out_dir / (IMAGES + ".tmp"), mode="w+", dtype=np.uint8,
+                                       shape=(n, 3, size, size))
+    targets = np.empty(n, dtype=np.int64)
+    written = 0
+    loader = DataLoader(_Fitted(dataset, size), batch_size=64, num_workers=num_workers)
+    for batch_images, batch_targets in loader:
+        keep = batch_targets >= 0
+        count = int(keep.sum())
+        images[written:written + count] = batch_images[keep].numpy()
+        targets[written:written + count] = batch_targets[keep].numpy()
+        written += count
+    images.flush()
+    del images
+    if written < n:  # drop the unused tail left by skipped samples
+        full = np.load(out_dir / (IMAGES + ".tmp"), mmap_mode="r")
+        np.save(out_dir / IMAGES, full[:written])
+        del full
+        (out_dir / (IMAGES + ".tmp")).unlink()
+    else:
+        (out_dir / (IMAGES + ".tmp")).replace(out_dir / IMAGES)
+    np.save(out_dir / TARGETS, targets[:written])
+    meta = {"classes": list(dataset.classes), "size": size, "source": source}
+    (out_dir / META).write_text(json.dumps(meta, indent=1) + "\n")
+    return written
 
 
 def main() -> None:

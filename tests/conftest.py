@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
+from scripts.make_dataset import make_synthetic_imagefolder
 from train.config import register
-from train.data.synthetic import make_synthetic_imagefolder
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

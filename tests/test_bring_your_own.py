@@ -14,10 +14,8 @@ from omegaconf import OmegaConf
 from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
 from train import checkpoint
 from train.config import ConfigError, drop_worker_knobs, instantiate, validate
-from train.data import build_data
+from train.data import build_sources, data_from_config
 from train.data.augment import BatchMix
-from train.data.datasets import build_datasets
-from train.data.resumable import EpochSeededDataset
 from train.dist import DistEnv
 from train.model import build_model
 from train.overrides import check_command_line
@@ -50,7 +48,7 @@ def test_each_group_file_opens_with_a_one_line_comment_and_composes(group):
 def test_optimizer_and_scheduler_come_from_their_groups(tiny_dataset):
     cfg = compose_config(small(tiny_dataset, "optimizer=adamw", "scheduler=cosine", "optimizer.lr=0.002"))
     model = build_model(cfg.model, 10, CPU)
-    step = TrainStep(cfg, DistEnv(), CPU, model, total_steps=100)
+    step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=100)
     assert isinstance(step.optimizer, torch.optim.AdamW)
     lrs = []
     for _ in range(100):
@@ -64,7 +62,7 @@ def test_an_experiment_sets_groups_and_values_and_the_command_line_still_wins():
     cfg = compose_config(["experiment=imagenet_resnet50", "optimizer.lr=0.1"])
     assert cfg.dataset._target_.endswith("ImageFolderDataset") and cfg.augment.crop == "resized"
     assert cfg.model.name == "resnet50" and cfg.trainer.epochs == 90 and cfg.optimizer.lr == 0.1
-    assert cfg.scheduler._target_ == "train.step.warmup_cosine"
+    assert cfg.scheduler._target_ == "train.schedule.warmup_cosine"
 
 
 @pytest.mark.slow
@@ -114,7 +112,7 @@ def test_own_dataset_in_process_gets_the_ring_workers_and_device_batches(csv_roo
     monkeypatch.syspath_prepend(str(EXAMPLE))
     cfg = compose_config(small(csv_root, "data.num_workers=2", "dataset._target_=csv_images.CsvImages",
                                f"+dataset.csv={csv_root / 'list.csv'}"))
-    with build_data(cfg, DistEnv(), CPU) as data:
+    with data_from_config(cfg, DistEnv(), CPU) as data:
         assert data.num_classes == 10 and len(data.train) == 15
         data.set_epoch(0)
         batches = list(data.train)
@@ -127,7 +125,7 @@ def test_own_dataset_in_process_gets_the_ring_workers_and_device_batches(csv_roo
 def test_a_target_that_does_not_import_fails_in_one_line_naming_the_key_and_module(tiny_dataset):
     cfg = compose_config(small(tiny_dataset, "dataset._target_=no_such_pkg.Images"))
     with pytest.raises(ConfigError) as err:
-        build_datasets(cfg)
+        build_sources(cfg.dataset, cfg.data)
     assert str(err.value).startswith("dataset._target_=no_such_pkg.Images: cannot import")
     assert "'no_such_pkg'" in str(err.value) and "\n" not in str(err.value)
     cfg = compose_config(small(tiny_dataset, "optimizer._target_=torch.optim.NoSuchOptimizer"))
@@ -136,11 +134,10 @@ def test_a_target_that_does_not_import_fails_in_one_line_naming_the_key_and_modu
 
 
 # -- 3. augmentation recipes -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("recipe", ["seed", "imagenet", "strong"])
+@pytest.mark.parametrize("recipe", ["crop_flip", "imagenet", "strong"])
 def test_recipes_keep_uint8_samples_drawn_from_seed_epoch_and_index(tiny_dataset, recipe):
     cfg = compose_config(small(tiny_dataset, f"augment={recipe}"))
-    train, val, _ = build_datasets(cfg)
-    dataset = EpochSeededDataset(train, seed=0)
+    dataset, val = data_from_config(cfg, DistEnv(), CPU).samples  # what the workers read
     first = dataset[(0, 5)][0]
     dataset[(0, 6)]
     assert first.dtype == torch.uint8 and first.shape == (3, 32, 32)

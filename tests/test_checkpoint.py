@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
 from train import checkpoint
 from train.config import ConfigError
-from train.data import build_data
+from train.data import data_from_config
 from train.dist import DistEnv
 from train.engine import Trainer
 from train.model import build_model
@@ -19,13 +18,17 @@ from train.model import build_model
 CPU = torch.device("cpu")
 
 
+def small_config(tiny_dataset):
+    return compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+                           "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=2",
+                           "trainer.progress=false", "model.name=resnet18"])
+
+
 @pytest.fixture
 def trainer(tiny_dataset, tmp_path):
-    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
-                          "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=2",
-                          "trainer.progress=false", "model.name=resnet18"])
-    data = build_data(cfg, DistEnv(), CPU)
-    return Trainer(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), tmp_path)
+    cfg = small_config(tiny_dataset)
+    data = data_from_config(cfg, DistEnv(), CPU)
+    return Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), tmp_path)
 
 
 def test_a_checkpoint_holds_each_stateful_part_and_the_format(trainer):
@@ -56,11 +59,12 @@ def test_a_file_of_another_format_is_refused_in_one_line(trainer, tmp_path, cont
 def test_resume_with_fewer_epochs_than_begun_or_another_model_fails_in_one_line(trainer, tiny_dataset, tmp_path):
     trainer.progress.epoch = 2
     trainer.save()
-    trainer.cfg.trainer.epochs = 1
+    trainer.tc.epochs = 1
     with pytest.raises(ConfigError, match="has begun epoch 2 already"):
         trainer.resume(trainer.checkpoint_path)
-    trainer.cfg.trainer.epochs = 2
-    resnet34 = OmegaConf.create({"_target_": "train.model.torchvision_model", "name": "resnet34"})
-    other = Trainer(trainer.cfg, DistEnv(), CPU, trainer.data, build_model(resnet34, 10, CPU), Path(tmp_path))
+    trainer.tc.epochs = 2
+    cfg = small_config(tiny_dataset)
+    cfg.model.name = "resnet34"
+    other = Trainer.from_config(cfg, DistEnv(), CPU, trainer.data, build_model(cfg.model, 10, CPU), Path(tmp_path))
     with pytest.raises(ConfigError, match="holds another model"):
         other.resume(trainer.checkpoint_path)

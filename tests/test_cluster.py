@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import (
     RECORD_SAMPLES,
     ROOT,
@@ -30,7 +31,6 @@ from tests.conftest import (
     wait_for,
 )
 from train import checkpoint
-from train.data.synthetic import make_synthetic_imagefolder
 
 TRAIN = 240  # 10 classes x 24; 2 ranks x 120 = 12 batches of 10 each per epoch
 BATCHES_PER_EPOCH = 12

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import compose_config, run_cli
 from train.config import ConfigError, validate
-from train.data.loader import plan_num_workers, resolve_num_workers
+from train.data.plan import num_workers_for
 
 PROFILES = {
     "rtx3060": dict(batch_size=32, num_workers=3, pin_memory=True, prefetch_factor=2, persistent_workers=False),
@@ -63,10 +63,10 @@ def test_every_dataloader_knob_is_overridable():
 
 
 def test_num_workers_auto_divides_cores_among_local_processes():
-    assert resolve_num_workers("auto", local_world_size=1, cores=16) == 12
-    assert resolve_num_workers("auto", local_world_size=4, cores=16) == 3
-    assert resolve_num_workers("auto", local_world_size=8, cores=4) == 0
-    assert resolve_num_workers(5, local_world_size=8, cores=4) == 5
+    assert num_workers_for("auto", local_world_size=1, cores=16) == 12
+    assert num_workers_for("auto", local_world_size=4, cores=16) == 3
+    assert num_workers_for("auto", local_world_size=8, cores=4) == 0
+    assert num_workers_for(5, local_world_size=8, cores=4) == 5  # typed on the command line: as it is
 
 
 @pytest.mark.parametrize("override, message", [
@@ -103,14 +103,14 @@ def test_bad_combinations_name_the_key_and_the_fix(overrides, key, fix):
 
 def test_a_profiles_fixed_workers_are_capped_under_torchrun_and_typed_ones_warn(caplog):
     caplog.set_level(logging.INFO)
-    assert plan_num_workers(12, local_world_size=8, typed=False, cores=64) == 6  # a100 on 8 GPUs, 64 cores
+    assert num_workers_for(12, local_world_size=8, typed=False, cores=64) == 6  # a100 on 8 GPUs, 64 cores
     assert "capped to 6 per process" in caplog.text
-    assert plan_num_workers(12, local_world_size=8, typed=True, cores=64) == 12
+    assert num_workers_for(12, local_world_size=8, typed=True, cores=64) == 12
     assert "oversubscribes" in caplog.records[-1].getMessage() and caplog.records[-1].levelno == logging.WARNING
-    assert plan_num_workers(3, local_world_size=4, typed=False, cores=2) == 1  # at least one when workers were asked
-    assert plan_num_workers(0, local_world_size=4, typed=False, cores=2) == 0
-    assert plan_num_workers(12, local_world_size=1, typed=False, cores=4) == 12  # one process: the profile as is
-    assert plan_num_workers("auto", local_world_size=8, typed=False, cores=64) == "auto"
+    assert num_workers_for(3, local_world_size=4, typed=False, cores=2) == 1  # at least one when workers were asked
+    assert num_workers_for(0, local_world_size=4, typed=False, cores=2) == 0
+    assert num_workers_for(12, local_world_size=1, typed=False, cores=4) == 12  # one process: the profile as is
+    assert num_workers_for("auto", local_world_size=8, typed=False, cores=64) == 6
 
 
 @pytest.mark.slow

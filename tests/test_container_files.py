@@ -215,12 +215,15 @@ def test_hardware_fragments(hardware):
 
 @pytest.mark.parametrize("hardware", ["rtx3060", "rtx4080", "a100"])
 def test_fragment_shm_fits_the_profiles_loader(hardware):
-    """The fixed profiles' own loaders fit their shm_size, by the start-up check's estimate (train/data/shm.py)."""
-    from train.data.shm import estimate_loader_shm_bytes
+    """The fixed profiles' own loaders fit their shm_size, by the start-up check's estimate (train/data/plan.py)."""
+    import torch
+
+    from train.data.plan import LoaderPlan
 
     data = yaml.safe_load((ROOT / "conf" / "hardware" / f"{hardware}.yaml").read_text())["data"]
-    batch_bytes = data["batch_size"] * 3 * data["image_size"] ** 2 * 4
-    need = estimate_loader_shm_bytes(data["num_workers"], data["prefetch_factor"] or 2, batch_bytes)
+    plan = LoaderPlan(data["num_workers"], data["batch_size"], data["prefetch_factor"] or 2, True, data["image_size"],
+                      torch.float32)  # the larger dtype: true with data.device_transforms=false too
+    need = plan.shm_bytes
     have = _gb(fragment(hardware)["services"]["train"]["shm_size"]) << 30
     assert need <= have, f"{hardware}: loader may need {need / 2**30:.1f} GB of /dev/shm, fragment gives {have >> 30}"
 

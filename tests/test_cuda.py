@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from train.data import build_data
+from train.data import data_from_config
 from train.data.batch import Batch
 from train.data.prefetcher import DevicePrefetcher
 from train.dist import DistEnv
@@ -46,13 +46,13 @@ def epoch(data, first: int | None = None) -> list:
 
 
 def test_prefetcher_batches_equal_the_cpu_path(tiny_dataset):
-    on_gpu = epoch(build_data(config(tiny_dataset), DistEnv(), CUDA))
-    on_cpu = epoch(build_data(config(tiny_dataset), DistEnv(), CPU))
+    on_gpu = epoch(data_from_config(config(tiny_dataset), DistEnv(), CUDA))
+    on_cpu = epoch(data_from_config(config(tiny_dataset), DistEnv(), CPU))
     assert len(on_gpu) == len(on_cpu) > 0
     for (a, ta), (b, tb) in zip(on_gpu, on_cpu, strict=True):
         assert torch.equal(ta, tb)
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # normalized on different devices
-    data = build_data(config(tiny_dataset), DistEnv(), CUDA)
+    data = data_from_config(config(tiny_dataset), DistEnv(), CUDA)
     data.set_epoch(0)
     host = list(data.train.loader)[:3]  # uint8 batches as the workers hand them over, pinned
     assert all(batch.images.is_pinned() for batch in host)
@@ -84,9 +84,9 @@ def test_the_copy_of_the_next_batch_overlaps_the_current_compute():
 
 def trainer(root: Path, tmp_path: Path, *extra: str) -> Trainer:
     cfg = config(root, "trainer.device=cuda", "trainer.tensorboard=false", *extra)
-    data = build_data(cfg, DistEnv(), CUDA)
+    data = data_from_config(cfg, DistEnv(), CUDA)
     model = build_model(cfg.model, data.num_classes, CUDA, channels_last=cfg.trainer.channels_last)
-    return Trainer(cfg, DistEnv(), CUDA, data, model, tmp_path)
+    return Trainer.from_config(cfg, DistEnv(), CUDA, data, model, tmp_path)
 
 
 def test_a_training_step_never_syncs_the_host(tiny_dataset, tmp_path):
@@ -123,7 +123,7 @@ def test_grad_scaler_skips_a_step_with_inf_gradients_holds_the_lr_and_takes_the_
     assert torch.equal(first.detach(), before), "a step with inf gradients must be skipped"
     assert run.step.scaler.get_scale() < scale and run.step.scheduler.get_last_lr()[0] == lr
     poisoned.remove()
-    run.cfg.trainer.max_steps = 2
+    run.tc.max_steps = 2
     run.train_epoch()
     assert not torch.equal(first.detach(), before)
 
@@ -136,7 +136,7 @@ def test_running_out_of_gpu_memory_halves_the_micro_batch_and_trains_the_same_ba
     model = build_model(cfg.model, 10, CUDA, channels_last=True)
     from train.step import TrainStep
 
-    step = TrainStep(cfg, DistEnv(), CUDA, model, total_steps=10)
+    step = TrainStep.from_config(cfg, DistEnv(), CUDA, model, total_steps=10)
     batch = Batch(torch.randn(256, 3, 224, 224, device=CUDA).contiguous(memory_format=torch.channels_last),
                   torch.randint(0, 10, (256,), device=CUDA))
     total = torch.cuda.get_device_properties(CUDA).total_memory

@@ -19,17 +19,20 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
+from scripts.pack_dataset import pack_split
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
 from train.config import ConfigError
-from train.data import build_data
+from train.data import data_from_config
 from train.data.cache import SharedSampleCache
-from train.data.datasets import Cifar10Dataset, ImageFolderDataset, build_datasets
+from train.data.datasets import Cifar10Dataset, ImageFolderDataset
 from train.data.loader import build_sampler
-from train.data.packed import PackedDataset, pack_split
-from train.data.resumable import EpochSeededDataset, sample_seed, sample_seeds
+from train.data.packed import PackedDataset
+from train.data.plan import LoaderPlan
+from train.data.samples import Samples
+from train.data.seeds import loader_seed, sample_seed, sample_seeds
 from train.data.stream import EpochBatchSampler, build_train_stream
-from train.data.transforms import MEAN, STD, SeedPipeline, fit_square
-from train.data.workers import init_worker, loader_seed
+from train.data.transforms import MEAN, STD, DirectCompose, fit_square
+from train.data.workers import init_worker
 from train.dist import DistEnv
 
 CPU = torch.device("cpu")
@@ -82,14 +85,21 @@ def test_worker_rngs_distinct_across_workers_and_ranks_and_reproducible():
     assert worker_draws(1, 0) != rank0
 
 
-class ThreadProbe(Dataset):
-    """The torch intra-op threads a sample is loaded with, and a draw from torch's RNG."""
+class ThreadProbe:
+    """A source whose samples hold the torch intra-op threads they were loaded with."""
+
+    classes = ["probe"]
 
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, index: int):
-        return torch.tensor([torch.get_num_threads(), float(torch.rand(1))], dtype=torch.float64), 0
+        return torch.full((3, 1, 1), torch.get_num_threads(), dtype=torch.uint8), 0
+
+
+def threads_and_a_draw(image: torch.Tensor) -> torch.Tensor:
+    """A transform: the probe's thread count and a draw from torch's RNG."""
+    return torch.tensor([float(image[0, 0, 0]), float(torch.rand(1))], dtype=torch.float64)
 
 
 def test_without_workers_samples_load_on_one_thread_and_leave_the_main_process_threads_and_rng_alone():
@@ -100,8 +110,9 @@ def test_without_workers_samples_load_on_one_thread_and_leave_the_main_process_t
         expected_draw = torch.rand(1)
         torch.manual_seed(0)
         keys = [(0, index) for index in range(8)]
-        rows = torch.cat([rows for rows, _, _ in DataLoader(EpochSeededDataset(ThreadProbe(), seed=0), sampler=keys,
-                                                            batch_size=4, generator=torch.Generator().manual_seed(0))])
+        samples = Samples(ThreadProbe(), threads_and_a_draw, seed=0)
+        rows = torch.cat([rows for rows, _, _ in DataLoader(samples, sampler=keys, batch_size=4,
+                                                            generator=torch.Generator().manual_seed(0))])
         assert rows[:, 0].tolist() == [1.0] * 8  # as in a DataLoader worker
         assert len(set(rows[:, 1].tolist())) == 8  # each sample drew from its own seed
         assert torch.get_num_threads() == 2 and torch.equal(torch.rand(1), expected_draw)
@@ -111,19 +122,21 @@ def test_without_workers_samples_load_on_one_thread_and_leave_the_main_process_t
 
 def test_same_seed_same_batches_whatever_the_workers_and_distinct_across_ranks(tiny_dataset):
     env = DistEnv()
-    a = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=0"), env, CPU), 0)
-    b = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=2"), env, CPU), 0)
-    c = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=2", "trainer.seed=1"), env, CPU), 0)
+    a = epoch_batches(data_from_config(data_cfg(tiny_dataset, "data.num_workers=0"), env, CPU), 0)
+    b = epoch_batches(data_from_config(data_cfg(tiny_dataset, "data.num_workers=2"), env, CPU), 0)
+    c = epoch_batches(data_from_config(data_cfg(tiny_dataset, "data.num_workers=2", "trainer.seed=1"), env, CPU), 0)
     assert same(a, b)
     assert not same(a, c)
-    ranks = [epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=0"), DistEnv(rank=r, world_size=2),
+    ranks = [epoch_batches(data_from_config(data_cfg(tiny_dataset, "data.num_workers=0"), DistEnv(rank=r, world_size=2),
                                       CPU), 0) for r in (0, 1)]
     assert not any(torch.equal(x[0], y[0]) for x, y in zip(*ranks, strict=True))
 
 
 # -- epochs under persistent workers, the stream and its position ----------------------------------------------
 class Curriculum(Dataset):
-    """An epoch-aware dataset: each sample reports the epoch its worker's copy believes it is in."""
+    """An epoch-aware source: each sample's pixels are (the epoch its worker's copy believes it is in, index)."""
+
+    classes = ["only"]
 
     def __init__(self):
         self.epoch = 0
@@ -136,19 +149,21 @@ class Curriculum(Dataset):
         return 32
 
     def __getitem__(self, index: int):
-        return torch.tensor([self.epoch, index]), self.epoch
+        return torch.tensor([self.epoch, index], dtype=torch.uint8).expand(3, 1, 2), self.epoch
 
 
 def test_epoch_reaches_persistent_workers_even_when_prefetched_across_the_boundary(tiny_dataset):
     cfg = data_cfg(tiny_dataset, "data.num_workers=2", "data.batch_size=4", "data.prefetch_factor=4")
-    stream = build_train_stream(Curriculum(), cfg.data, DistEnv(), CPU, seed=0, epochs=3, to_device=iter)
+    plan = LoaderPlan.from_config(cfg.data, DistEnv(), CPU)
+    samples = Samples(Curriculum(), lambda image: image, seed=0)
+    stream = build_train_stream(samples, plan, cfg.data, DistEnv(), seed=0, epochs=3, to_device=iter)
     orders = []
     for epoch in range(3):
         stream.set_epoch(epoch)
         batches = list(stream)
         assert len(batches) == 8
         assert all((batch.targets == epoch).all() for batch in batches)
-        indices = torch.cat([batch.images[:, 1] for batch in batches]).tolist()
+        indices = torch.cat([batch.images[:, 0, 0, 1] for batch in batches]).tolist()
         assert sorted(indices) == list(range(32))  # every sample once per epoch
         orders.append(indices)
     assert orders[0] != orders[1] != orders[2]  # the sampler's epoch changes the order
@@ -160,7 +175,7 @@ def test_persistent_workers_end_promptly_on_close_or_when_the_pipeline_is_droppe
     leave them to the garbage collector, which finalizes the index queues first and makes each worker wait out
     DataLoader's 5 s join timeout before it is killed."""
     before = {child.pid for child in psutil.Process().children()}
-    pipeline = build_data(data_cfg(tiny_dataset, "data.num_workers=2"), DistEnv(), CPU)
+    pipeline = data_from_config(data_cfg(tiny_dataset, "data.num_workers=2"), DistEnv(), CPU)
     epoch_batches(pipeline, 0)
     next(iter(pipeline.val))
     workers = [child for child in psutil.Process().children() if child.pid not in before]
@@ -188,17 +203,17 @@ def test_batches_never_span_epochs_and_drop_last_is_per_epoch():
 
 def test_resume_mid_epoch_gives_exactly_the_remaining_batches(tiny_dataset):
     cfg = data_cfg(tiny_dataset, "data.num_workers=2")
-    whole = build_data(cfg, DistEnv(), CPU)
+    whole = data_from_config(cfg, DistEnv(), CPU)
     reference = epoch_batches(whole, 0) + epoch_batches(whole, 1)
     per_epoch = len(whole.train)
-    first = build_data(cfg, DistEnv(), CPU)
+    first = data_from_config(cfg, DistEnv(), CPU)
     first.set_epoch(1)
     it = iter(first.train)
     for _ in range(5):
         next(it)
     state = first.train.state_dict()
     assert (state["epoch"], state["batch"]) == (1, 5)
-    resumed = build_data(cfg, DistEnv(), CPU)
+    resumed = data_from_config(cfg, DistEnv(), CPU)
     resumed.set_epoch(1)
     resumed.train.load_state_dict(state)
     assert same(epoch_batches(resumed, 1), reference[per_epoch + 5:])
@@ -228,9 +243,9 @@ def test_pack_round_trip_equals_the_decoded_pixels(tiny_dataset, tmp_path):
     packed = PackedDataset(out / "train")
     assert packed.classes == source.classes and np.array_equal(packed.targets, source.targets)
     for index in (0, 17, len(source) - 1):
-        assert torch.equal(packed.load(index), fit_square(source.load(index), 37))
+        assert torch.equal(packed[index][0], fit_square(source[index][0], 37))
     cfg = data_cfg(out, "dataset=packed", "data.num_workers=2")
-    batches = epoch_batches(build_data(cfg, DistEnv(), CPU), 0)
+    batches = epoch_batches(data_from_config(cfg, DistEnv(), CPU), 0)
     assert batches[0][0].shape == (16, 3, 32, 32)
 
 
@@ -251,8 +266,9 @@ def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoc
     out = tmp_path / "packed"
     for split in ("train", "val"):
         pack_split(ImageFolderDataset(tiny_dataset, split, min_side=37), out / split, 37)
-    dataset = EpochSeededDataset(PackedDataset(out / "train", transform=SeedPipeline([v2.RandomCrop(32),
-                                                                             v2.RandomHorizontalFlip()])), seed=0)
+    packed = PackedDataset(out / "train")
+    dataset = Samples(packed, DirectCompose([v2.RandomCrop(32), v2.RandomHorizontalFlip()]), seed=0)
+    assert dataset.crops is not None  # whole batches through read_crops
     keys = [(0, i) for i in range(len(dataset))]
     whole = dataset.__getitems__(keys)
     shuffled = dataset.__getitems__(keys[::-3])
@@ -261,7 +277,7 @@ def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoc
     assert torch.equal(dataset[(0, 7)][0], whole[7][0])
     flips = 0
     for index in range(0, len(dataset), 10):
-        image, stored = whole[index][0], dataset.load(index)
+        image, stored = whole[index][0], packed[index][0]
         assert image.shape == (3, 32, 32) and image.dtype == torch.uint8
         windows = stored.unfold(1, 32, 1).unfold(2, 32, 1).permute(1, 2, 0, 3, 4).reshape(-1, 3, 32, 32)
         plain = any(torch.equal(image, w) for w in windows)
@@ -272,7 +288,7 @@ def test_packed_augmentation_is_vectorised_per_batch_and_a_function_of_seed_epoc
     assert any(not torch.equal(a[0], b[0]) for a, b in zip(whole, dataset.__getitems__([(1, i) for i, _ in keys]),
                                                              strict=True))
     cfgs = [data_cfg(out, "dataset=packed", f"data.num_workers={w}") for w in (0, 2)]
-    a, b = (epoch_batches(build_data(cfg, DistEnv(), CPU), 0) for cfg in cfgs)
+    a, b = (epoch_batches(data_from_config(cfg, DistEnv(), CPU), 0) for cfg in cfgs)
     assert same(a, b)
 
 
@@ -285,10 +301,10 @@ def test_sample_seeds_vectorised_equal_scalar_and_distinct():
     assert 0.45 < float(np.mean(seeds & np.uint64(1))) < 0.55
 
 
-def test_seed_pipeline_draws_and_pixels_equal_v2():
+def test_direct_compose_draws_and_pixels_equal_v2():
     steps = [v2.Resize(37, antialias=True), v2.RandomCrop(32), v2.RandomHorizontalFlip(p=0.3),
              v2.ToDtype(torch.float32, scale=True), v2.Normalize((0.4, 0.5, 0.6), (0.2, 0.3, 0.2))]
-    reference, direct = v2.Compose(steps), SeedPipeline(steps)
+    reference, direct = v2.Compose(steps), DirectCompose(steps)
     for seed in range(50):
         image = torch.randint(0, 256, (3, 40 + seed % 7, 48 - seed % 5), dtype=torch.uint8)
         torch.manual_seed(seed)
@@ -302,17 +318,15 @@ def test_cache_stays_within_its_bound_and_is_filled_by_the_workers(tiny_dataset)
     size = round(32 * 256 / 224)
     bound = 100 * 3 * size * size  # room for fewer than the 240 training images
     cfg = data_cfg(tiny_dataset, f"data.cache_bytes={bound}", "data.num_workers=2")
-    train, _, _ = build_datasets(cfg)
-    cache = train.cache
+    pipeline = data_from_config(cfg, DistEnv(), CPU)
+    cache = pipeline.samples[0].cache
     assert cache.nbytes <= bound and cache.capacity == bound // (3 * size * size + 9)
-    pipeline = build_data(cfg, DistEnv(), CPU)
-    cache = pipeline.train.loader.dataset.dataset.cache
     epoch0 = epoch_batches(pipeline, 0)
     assert len(cache) == cache.capacity  # the workers' writes are visible here: one slab, shared
-    uncached = epoch_batches(build_data(data_cfg(tiny_dataset, "data.num_workers=0"), DistEnv(), CPU), 0)
+    uncached = epoch_batches(data_from_config(data_cfg(tiny_dataset, "data.num_workers=0"), DistEnv(), CPU), 0)
     assert same(epoch0, uncached)  # square images at the resize size: the same crops as decoding each time
-    rerun = build_data(cfg, DistEnv(), CPU)
-    rerun.train.loader.dataset.dataset.cache = cache  # a filled cache: hits give the same pixels
+    rerun = data_from_config(cfg, DistEnv(), CPU)
+    rerun.train.loader.dataset.cache = cache  # a filled cache: hits give the same pixels
     assert same(epoch_batches(rerun, 0), epoch0)
 
 
@@ -326,7 +340,7 @@ def test_cache_returns_copies():
 
 def test_cache_is_for_datasets_that_decode(cifar_root):
     with pytest.raises(ConfigError, match="data.cache_bytes=1000: the sample cache is for datasets that decode"):
-        build_datasets(data_cfg(cifar_root, "dataset=cifar10", "data.cache_bytes=1000"))
+        data_from_config(data_cfg(cifar_root, "dataset=cifar10", "data.cache_bytes=1000"), DistEnv(), CPU)
 
 
 # -- corrupt files ---------------------------------------------------------------------------------------------
@@ -373,7 +387,7 @@ def test_decoded_jpeg_batches_travel_channels_last_and_reach_the_model_in_its_la
     if workers == 0:
         cfg.data.prefetch_factor = None
         cfg.data.persistent_workers = False
-    data = build_data(cfg, DistEnv(), CPU)
+    data = data_from_config(cfg, DistEnv(), CPU)
     dataset = data.val.loader.dataset
     host = next(iter(data.val.loader))
     images = host.images
@@ -389,9 +403,10 @@ def test_decoded_jpeg_batches_travel_channels_last_and_reach_the_model_in_its_la
 
 
 def test_device_normalize_matches_worker_normalize(tiny_dataset):
-    on_device = epoch_batches(build_data(data_cfg(tiny_dataset, "data.device_transforms=true"), DistEnv(), CPU), 0)
-    in_workers = epoch_batches(build_data(data_cfg(tiny_dataset, "data.device_transforms=false"), DistEnv(), CPU),
-                               0)
+    on_device = epoch_batches(data_from_config(data_cfg(tiny_dataset, "data.device_transforms=true"), DistEnv(), CPU),
+                              0)
+    in_workers = epoch_batches(data_from_config(data_cfg(tiny_dataset, "data.device_transforms=false"), DistEnv(),
+                                                CPU), 0)
     assert on_device[0][0].dtype == torch.float32 and in_workers[0][0].dtype == torch.float32
     for a, b in zip(on_device, in_workers, strict=True):
         torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-5)
@@ -416,7 +431,7 @@ def test_beside_workers_cpu_batches_convert_on_one_thread_and_the_loop_keeps_its
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with build_data(data_cfg(tiny_dataset, f"data.num_workers={workers}"), DistEnv(), CPU) as data:
+        with data_from_config(data_cfg(tiny_dataset, f"data.num_workers={workers}"), DistEnv(), CPU) as data:
             batches = iter(data.val)
             with ThreadsSeen() as seen:
                 images = next(batches).images

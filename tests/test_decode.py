@@ -15,13 +15,13 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
+from scripts.make_dataset import make_synthetic_imagefolder, render_photo
 from tests.conftest import ROOT, compose_config
-from train.data import build_data
+from train.data import data_from_config
 from train.data.batch import channels_innermost
 from train.data.datasets import ImageFolderDataset
 from train.data.decode import dct_scale, decode_image_file
 from train.data.packed import PackedDataset
-from train.data.synthetic import make_synthetic_imagefolder, render_photo
 from train.data.transforms import fit_square
 from train.dist import DistEnv
 
@@ -93,7 +93,7 @@ def photos(tmp_path_factory) -> Path:
 def pipeline(root: Path, *extra: str):
     cfg = compose_config(["hardware=cpu", f"data.root={root}", "data.image_size=64", "data.batch_size=4",
                           "trainer.epochs=2", *extra])
-    return build_data(cfg, DistEnv(), CPU)
+    return data_from_config(cfg, DistEnv(), CPU)
 
 
 def batches(data, epoch: int = 1) -> list[torch.Tensor]:
@@ -104,7 +104,7 @@ def batches(data, epoch: int = 1) -> list[torch.Tensor]:
 @pytest.mark.slow
 def test_scaled_decode_keeps_augmentation_a_function_of_seed_epoch_index_and_resume_exact(photos):
     dataset = ImageFolderDataset(photos / "train", min_side=73)
-    assert tuple(dataset.load(0).shape) == (3, 120, 160)  # 1/4 scale: the resize still shrinks
+    assert tuple(dataset[0][0].shape) == (3, 120, 160)  # 1/4 scale: the resize still shrinks
     whole = batches(pipeline(photos, "data.num_workers=0", "data.persistent_workers=false"))
     workers = batches(pipeline(photos, "data.num_workers=2"))
     assert len(whole) == 5 and all(torch.equal(a, b) for a, b in zip(whole, workers, strict=True))
@@ -126,11 +126,11 @@ def test_scaled_decode_keeps_augmentation_a_function_of_seed_epoch_index_and_res
 def test_the_sample_cache_fills_from_the_scaled_decode(photos):
     data = pipeline(photos, "data.num_workers=0", "data.persistent_workers=false", "data.cache_bytes=10000000")
     batches(data, epoch=0)
-    dataset = data.train.loader.dataset.dataset  # EpochSeededDataset -> ImageFolderDataset
+    dataset = data.samples[0]  # what the training workers read
     assert len(dataset.cache) == 20
     scaled = ImageFolderDataset(photos / "train", min_side=73)
     for index in (0, 7, 19):
-        assert torch.equal(dataset.cache.slab[index], fit_square(scaled.load(index), 73))
+        assert torch.equal(dataset.cache.slab[index], fit_square(scaled[index][0], 73))
 
 
 @pytest.mark.slow
@@ -142,5 +142,5 @@ def test_packing_photos_decodes_at_the_scale_of_the_packed_size(photos, tmp_path
     scaled, whole = PackedDataset(tmp_path / "scaled" / "train"), PackedDataset(tmp_path / "whole" / "train")
     source = ImageFolderDataset(photos / "train", min_side=73)
     for index in (0, 9, 19):
-        assert torch.equal(scaled.load(index), fit_square(source.load(index), 73))
-        assert psnr(scaled.load(index), whole.load(index)) >= 30
+        assert torch.equal(scaled[index][0], fit_square(source[index][0], 73))
+        assert psnr(scaled[index][0], whole[index][0]) >= 30

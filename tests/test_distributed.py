@@ -18,12 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, free_port, read_metrics, training_at, wait_for
 from train import checkpoint
-from train.data import build_data
-from train.data.datasets import build_datasets
-from train.data.resumable import EpochSeededDataset
-from train.data.synthetic import make_synthetic_imagefolder
+from train.data import data_from_config
 from train.dist import DistEnv
 
 TRAIN, VAL = 240, 79  # per rank 120 = 6 batches of 20; 79 val images split 40/39, no padding
@@ -198,7 +196,7 @@ def _pipeline(root: Path, workers: int, device: str = "cpu"):
     cfg = compose_config(["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=8",
                           f"data.num_workers={workers}", f"data.persistent_workers={str(workers > 0).lower()}",
                           RECORD_SAMPLES])
-    return build_data(cfg, DistEnv(), torch.device(device))
+    return data_from_config(cfg, DistEnv(), torch.device(device))
 
 
 cuda = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here")]
@@ -227,8 +225,7 @@ def test_training_stream_resumes_mid_epoch_with_the_same_batches(tiny_dataset, w
 def test_augmentation_is_a_function_of_seed_epoch_and_index(tiny_dataset):
     """The same (epoch, index) gives the same pixels in any process and order; another epoch, another crop."""
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32"])
-    train, _, _ = build_datasets(cfg)
-    dataset = EpochSeededDataset(train, seed=0)
+    dataset, _ = data_from_config(cfg, DistEnv(), torch.device("cpu")).samples  # what the workers read
     first = dataset[(0, 5)][0]
     dataset[(0, 6)]
     assert torch.equal(first, dataset[(0, 5)][0])

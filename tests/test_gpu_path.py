@@ -10,12 +10,12 @@ import logging
 import pytest
 import torch
 
+from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import RECORD_SAMPLES, assert_each_sample_once, compose_config, read_metrics, run_cli
 from tests.test_distributed import only_run_dir, torchrun
 from train import checkpoint, no_retry
 from train.config import ConfigError
 from train.data.augment import BatchMix
-from train.data.synthetic import make_synthetic_imagefolder
 from train.device import CudaFacts, cuda_index, why_no_cuda
 from train.dist import DistEnv, group_timeout
 from train.model import build_model
@@ -132,7 +132,7 @@ def test_micro_batches_give_the_whole_batch_gradient(tiny_dataset):
         torch.manual_seed(0)
         model = build_model(cfg.model, 10, CPU).eval()  # eval: BatchNorm's batch statistics aside
         cfg.trainer.micro_batch_size = size
-        step = TrainStep(cfg, DistEnv(), CPU, model, total_steps=1)
+        step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=1)
         step.optimizer.step = lambda *a, **k: None  # keep the gradients to compare: no update
         step.optimizer.zero_grad = lambda *a, **k: None
         from train.data.batch import Batch
@@ -147,7 +147,7 @@ def test_micro_batches_give_the_whole_batch_gradient(tiny_dataset):
 def test_a_scaler_state_from_any_precision_resumes(tiny_dataset, caplog):
     caplog.set_level(logging.INFO)
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "model.name=resnet18"])
-    step = TrainStep(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU), total_steps=1)
+    step = TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU), total_steps=1)
     fp16_state = torch.amp.GradScaler("cpu", init_scale=1024.0).state_dict()
     step.load_scaler(fp16_state)  # an fp16 run's scaler into this run's disabled one
     assert "does not apply here (it was written by an fp16 run)" in caplog.text

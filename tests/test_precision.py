@@ -62,7 +62,7 @@ def test_a_step_fp16_skips_leaves_the_learning_rate_where_it_was(tiny_dataset):
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=4",
                           "trainer.precision=fp32", "scheduler=cosine"])
     model = build_model(cfg.model, 10, CPU)
-    step = TrainStep(cfg, DistEnv(), CPU, model, total_steps=10)
+    step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=10)
     step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     step._scale = step.scaler.get_scale()
     from train.data.batch import Batch

@@ -10,16 +10,17 @@ import warnings
 import pytest
 
 from train.data import shm
-from train.data.shm import check_shm, estimate_loader_shm_bytes, warn_if_shm_too_small
+from train.data.plan import loader_shm_bytes
+from train.data.shm import check_shm, warn_if_shm_too_small
 
 
 def test_estimate_counts_every_batch_in_flight():
     # 4 workers x 2 prefetched batches x 1 MiB x headroom 2
-    assert estimate_loader_shm_bytes(4, 2, 1 << 20, headroom=1.0) == 16 << 20, "4 workers x (2 + 2) ring slots"
-    assert estimate_loader_shm_bytes(4, 2, 1 << 20) == 20 << 20
-    assert estimate_loader_shm_bytes(0, 2, 1 << 20) == 0, "no workers: batches never cross processes"
+    assert loader_shm_bytes(4, 2, 1 << 20, headroom=1.0) == 16 << 20, "4 workers x (2 + 2) ring slots"
+    assert loader_shm_bytes(4, 2, 1 << 20) == 20 << 20
+    assert loader_shm_bytes(0, 2, 1 << 20) == 0, "no workers: batches never cross processes"
     with pytest.raises(ValueError):
-        estimate_loader_shm_bytes(-1, 2, 1)
+        loader_shm_bytes(-1, 2, 1)
 
 
 def test_check_shm_warns_when_free_space_is_too_small(tmp_path):
@@ -39,23 +40,22 @@ def test_check_shm_silent_when_space_suffices(tmp_path):
 
 def test_missing_shm_directory_gives_no_warning(tmp_path):
     assert check_shm(1 << 60, path=str(tmp_path / "no-such-dir")) is None  # macOS has no /dev/shm
-    assert warn_if_shm_too_small(8, 4, 1 << 40, path=str(tmp_path / "no-such-dir")) is False
+    assert warn_if_shm_too_small(1 << 40, path=str(tmp_path / "no-such-dir")) is False
 
 
 def test_warn_logs_and_warns(tmp_path, caplog):
     free = shutil.disk_usage(tmp_path).free
-    batch = free // 2 + 1  # 1 worker x 1 batch x headroom 2 > free
     with caplog.at_level(logging.WARNING, logger=shm.__name__), pytest.warns(RuntimeWarning, match="shm"):
-        assert warn_if_shm_too_small(1, 1, batch, path=str(tmp_path)) is True
+        assert warn_if_shm_too_small(free + (1 << 30), path=str(tmp_path)) is True
     assert any("Bus error" in r.getMessage() and r.name == "train.data.shm" for r in caplog.records)
 
 
 def test_warn_silent_for_small_loader_and_for_zero_workers(tmp_path, caplog):
     with caplog.at_level(logging.WARNING), warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert warn_if_shm_too_small(2, 2, 1024, path=str(tmp_path)) is False
+        assert warn_if_shm_too_small(1024, path=str(tmp_path)) is False
         free = shutil.disk_usage(tmp_path).free
-        assert warn_if_shm_too_small(0, 2, free * 10, path=str(tmp_path)) is False
+        assert warn_if_shm_too_small(loader_shm_bytes(0, 2, free * 10), path=str(tmp_path)) is False
     assert not caplog.records
 
 

@@ -13,9 +13,9 @@ from torch.utils.data import Dataset, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from train.data.batch import Batch, collate
-from train.data.resumable import EpochSeededDataset
+from train.data.plan import RING_SPARE_SLOTS, LoaderPlan
 from train.data.ring import ShmRing, build_collate
-from train.data.shm import RING_SPARE_SLOTS
+from train.data.samples import BadSampleError, Samples
 from train.data.stream import EpochBatchSampler
 
 SIZE, BATCH, EPOCHS = 8, 6, 3
@@ -24,20 +24,26 @@ SIZE, BATCH, EPOCHS = 8, 6, 3
 class Pixels(Dataset):
     """Images whose every pixel depends on (index, the sample's seeded draw); every 7th index unreadable."""
 
+    classes = [str(label) for label in range(5)]
+
     def __len__(self) -> int:
         return 45  # 7 full batches and a partial one per epoch
 
     def __getitem__(self, index: int):
         if index % 7 == 3:
-            return None
+            raise OSError(f"sample {index} is unreadable")
         base = torch.randint(0, 256, (3, SIZE, SIZE), dtype=torch.uint8)
         return base ^ index, index % 5
+
+
+def samples(source: Dataset, on_bad_sample: str = "warn") -> Samples:
+    return Samples(source, lambda image: image, seed=3, on_bad_sample=on_bad_sample)
 
 
 def loader(collate, *, workers: int = 2, in_order: bool = True, context=None, epochs: int = EPOCHS,
            prefetch: int = 2):
     batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, epochs)
-    return StatefulDataLoader(EpochSeededDataset(Pixels(), seed=3), batch_sampler=batches,
+    return StatefulDataLoader(samples(Pixels()), batch_sampler=batches,
                               collate_fn=collate, num_workers=workers, prefetch_factor=prefetch if workers else None,
                               persistent_workers=workers > 0, in_order=in_order, multiprocessing_context=context)
 
@@ -72,14 +78,14 @@ class HwcPixels(Pixels):
     """The same pixels laid out HWC in memory, as decoded JPEGs are."""
 
     def __getitem__(self, index: int):
-        sample = super().__getitem__(index)
-        return None if sample is None else (sample[0].permute(1, 2, 0).contiguous().permute(2, 0, 1), sample[1])
+        image, label = super().__getitem__(index)
+        return image.permute(1, 2, 0).contiguous().permute(2, 0, 1), label
 
 
 def test_hwc_images_go_through_the_ring_as_channels_last_batches_of_the_same_values():
     def hwc_loader(collate, workers: int = 2):
         batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, 1)
-        return StatefulDataLoader(EpochSeededDataset(HwcPixels(), seed=3), batch_sampler=batches,
+        return StatefulDataLoader(samples(HwcPixels()), batch_sampler=batches,
                                   collate_fn=collate, num_workers=workers, prefetch_factor=2 if workers else None)
 
     got, plain = list(hwc_loader(ring(slots=2))), list(hwc_loader(collate, workers=0))
@@ -195,12 +201,11 @@ def test_workers_write_each_batch_once_into_a_slot_they_already_mapped():
     assert max(steady) < page_count // 4, (faults, page_count)
 
 
-def test_build_collate_sizes_the_ring_from_the_config():
-    class Cfg:
-        device_transforms, batch_size, image_size = False, 4, 16
-
-    assert build_collate(Cfg, {"num_workers": 0}) is collate
-    built = build_collate(Cfg, {"num_workers": 3, "prefetch_factor": None, "pin_memory": False})
+def test_build_collate_sizes_the_ring_from_the_plan():
+    plan = LoaderPlan(num_workers=3, batch_size=4, prefetch_factor=2, pin_memory=False, image_size=16,
+                      dtype=torch.float32)
+    assert build_collate(LoaderPlan(0, 4, 2, False, 16, torch.float32)) is collate
+    built = build_collate(plan)
     assert built.buffers.shape == (3, 4, 4, 3, 16, 16) and built.buffers.dtype == torch.float32
     assert built.buffers.is_shared()
     assert pickle.loads(pickle.dumps(built)).token == built.token
@@ -208,14 +213,8 @@ def test_build_collate_sizes_the_ring_from_the_config():
 
 @pytest.mark.parametrize("workers", [2])
 def test_a_failing_sample_still_raises_through_the_ring(workers):
-    class Failing(Pixels):
-        def __getitem__(self, index):
-            if index == 20:
-                raise ValueError("unreadable on purpose")
-            return super().__getitem__(index)
-
     batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, 1)
-    failing = StatefulDataLoader(EpochSeededDataset(Failing(), seed=3), batch_sampler=batches, collate_fn=ring(),
+    failing = StatefulDataLoader(samples(Pixels(), on_bad_sample="raise"), batch_sampler=batches, collate_fn=ring(),
                                  num_workers=workers, prefetch_factor=2)
-    with pytest.raises(ValueError, match="unreadable on purpose"):
+    with pytest.raises(BadSampleError, match="cannot read sample 3: sample 3 is unreadable"):
         list(failing)

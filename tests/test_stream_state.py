@@ -18,7 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.conftest import compose_config
 from train import checkpoint
-from train.data import build_data
+from train.data import data_from_config
 from train.data.stream import EpochBatchSampler, LoaderPositions
 from train.dist import DistEnv
 from train.engine import Trainer
@@ -31,7 +31,7 @@ def pipeline(root: Path, workers: int, *extra: str):
     cfg = compose_config(["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=16",
                           f"data.num_workers={workers}", f"data.persistent_workers={str(workers > 0).lower()}",
                           "trainer.epochs=2", *extra])
-    return build_data(cfg, DistEnv(), CPU)
+    return data_from_config(cfg, DistEnv(), CPU)
 
 
 def one_ahead(stream) -> None:
@@ -148,8 +148,8 @@ def test_checkpoint_holds_the_stateful_dataloader_state_and_resume_restores_it(t
     cfg = compose_config(overrides)
 
     def trainer(run_dir: Path) -> Trainer:
-        data = build_data(cfg, DistEnv(), CPU)
-        return Trainer(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), run_dir)
+        data = data_from_config(cfg, DistEnv(), CPU)
+        return Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), run_dir)
 
     first = trainer(tmp_path / "a")
     first.train_epoch()  # stops after step 4 (max_steps); the checkpoint is from step 3

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config, read_metrics, run_cli
-from train.data import build_data
+from train.data import data_from_config
 from train.data.datasets import Cifar10Dataset
 from train.dist import DistEnv
 from train.engine import Trainer
@@ -53,8 +53,8 @@ def test_micro_batches_short_of_an_accumulation_never_reach_the_next_epoch(tiny_
                           "data.num_workers=0", "data.persistent_workers=false", "trainer.grad_accum_steps=2",
                           "trainer.epochs=2", "trainer.progress=false"])
     cpu = torch.device("cpu")
-    data = build_data(cfg, DistEnv(), cpu)
-    trainer = Trainer(cfg, DistEnv(), cpu, data, build_model(cfg.model, data.num_classes, cpu), tmp_path)
+    data = data_from_config(cfg, DistEnv(), cpu)
+    trainer = Trainer.from_config(cfg, DistEnv(), cpu, data, build_model(cfg.model, data.num_classes, cpu), tmp_path)
     record = trainer.train_epoch()
     assert record["images"] == 15 * 16 and trainer.progress.step == 7
     assert all(p.grad is None for p in trainer.step.model.parameters())

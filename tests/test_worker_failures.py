@@ -17,8 +17,9 @@ from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.conftest import compose_config, run_cli
-from train.data import build_data
-from train.data.loader import STUCK_WORKER_TIMEOUT_S, LoaderError, explain_loader_error, loader_kwargs
+from train.data import data_from_config
+from train.data.loader import LoaderError, explain_loader_error
+from train.data.plan import STUCK_WORKER_TIMEOUT_S, LoaderPlan
 from train.dist import DistEnv
 
 
@@ -77,7 +78,9 @@ def test_default_timeout_bounds_a_stuck_worker():
     """data.timeout=null (the default): workers get a bounded wait, never DataLoader's wait-forever 0."""
     cfg = OmegaConf.create({"batch_size": 2, "in_order": True, "prefetch_factor": None, "persistent_workers": False,
                             "timeout": None, "multiprocessing_context": None})
-    assert loader_kwargs(cfg, num_workers=2, pin_memory=False)["timeout"] == STUCK_WORKER_TIMEOUT_S <= 600
+    plan = LoaderPlan(num_workers=2, batch_size=2, prefetch_factor=2, pin_memory=False, image_size=8,
+                      dtype=torch.uint8)
+    assert plan.loader_kwargs(cfg)["timeout"] == STUCK_WORKER_TIMEOUT_S <= 600
 
 
 @pytest.mark.slow
@@ -110,7 +113,7 @@ def test_workers_outlive_stop_signals_from_outside_and_end_with_the_pipeline(tin
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "data.num_workers=2", "data.persistent_workers=true"])
     others = {child.pid for child in psutil.Process().children()}  # earlier tests' processes, if any
-    data = build_data(cfg, DistEnv(), torch.device("cpu"))
+    data = data_from_config(cfg, DistEnv(), torch.device("cpu"))
     data.set_epoch(0)
     batches = iter(data.train)
     next(batches)

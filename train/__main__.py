@@ -26,9 +26,10 @@ from train.checkpoint import CheckpointWriteError
 from train.config import ConfigError, drop_worker_knobs, register, validate
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
+from train.micro_batch import OutOfMemory
+from train.nonfinite import Diverged
 from train.overrides import check_command_line
 from train.peers import Heartbeat, LostPeer, first_line, is_collective_failure
-from train.step import Diverged, OutOfMemory
 from train.stop import (
     CHECKPOINT_WRITE_EXIT,
     CONFIG_EXIT,
@@ -49,7 +50,7 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     `stop` (installed by the caller) saw a signal: the checkpoint is written and the workers have ended."""
     from train import dist
     from train.config import instantiate
-    from train.data.loader import plan_num_workers
+    from train.data.plan import LoaderPlan
     from train.device import describe, select_device
     from train.run_lock import RunLock
 
@@ -57,40 +58,45 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     for key in drop_worker_knobs(cfg, typed=command_line_keys()):
         log.info("%s: off, as data.num_workers=0 starts no workers", key)
     validate(cfg)
-    cfg.data.num_workers = plan_num_workers(cfg.data.num_workers, env.local_world_size,
-                                            typed="data.num_workers" in command_line_keys())
     dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)  # before CUDA starts (cuBLAS reads env)
     device = select_device(cfg.trainer.device, env)
     if env.is_main:
         log.info("device: %s", describe(device))
+    plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers="data.num_workers" in command_line_keys())
     callbacks = [instantiate(f"callbacks.{name}", spec) for name, spec in cfg.callbacks.items()]
     with RunLock(run_dir) if env.is_main else nullcontext():  # one run per run dir: a second fails in one line
-        return train_in(cfg, run_dir, env, device, stop, callbacks)
+        return train_in(cfg, run_dir, env, device, plan, stop, callbacks)
 
 
-def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, stop: StopSignal | None, callbacks: list) \
-        -> list[dict]:
-    """Data, model and Trainer built and trained (or validated), with the run dir held by this run."""
+def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: StopSignal | None,
+             callbacks: list) -> list[dict]:
+    """Data, model and Trainer built from their config sections and trained (or validated), with the run dir held
+    by this run."""
     from train import checkpoint, dist
-    from train.data import build_data
+    from train.config import instantiate
+    from train.data import build_data, build_sources
     from train.engine import Trainer
     from train.model import build_model
     from train.monitoring import Monitor
 
-    monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken metrics port fails before any worker
+    tc = cfg.trainer
+    monitor = Monitor.from_config(tc, env, device, run_dir)  # a taken metrics port fails before any worker
+    recipe = instantiate("augment", cfg.augment)
     heartbeat = trainer = None
     try:
-        with build_data(cfg, env, device) as data:  # its workers end with the run (a multirun's next job starts)
-            dist.init_process_group(env, device, data.val.loader.timeout, cfg.trainer.dist_timeout_s)
+        with build_data(cfg.data, build_sources(cfg.dataset, cfg.data), recipe, plan, env, device, seed=tc.seed,
+                        epochs=tc.epochs, channels_last=tc.channels_last) as data:  # workers end with the run
+            dist.init_process_group(env, device, data.val.loader.timeout, tc.dist_timeout_s)
             heartbeat = Heartbeat(env) if env.distributed else None  # names a lost rank if a collective fails
-            model = build_model(cfg.model, data.num_classes, device, channels_last=cfg.trainer.channels_last)
-            trainer = Trainer(cfg, env, device, data, model, run_dir, monitor, stop, callbacks)
+            model = build_model(cfg.model, data.num_classes, device, channels_last=tc.channels_last)
+            trainer = Trainer.from_config(cfg, env, device, data, model, run_dir, monitor, stop, callbacks,
+                                          recipe=recipe)
             # torchrun restarted the group: continue this run dir. Any rank's count: across nodes only the agent
             # whose process died counts a restart; the others restart theirs for the new rendezvous round.
             restarted = dist.any_rank(env.restart_count) > 0
-            resume_path = checkpoint.find_resume_path(cfg.trainer.resume, run_dir, restarted=restarted)
-            if cfg.trainer.mode == "validate":
-                return [trainer.validate(Path(cfg.trainer.resume))]
+            resume_path = checkpoint.find_resume_path(tc.resume, run_dir, restarted=restarted)
+            if tc.mode == "validate":
+                return [trainer.validate(Path(tc.resume))]
             if resume_path is not None:
                 trainer.resume(resume_path)
             return trainer.fit()
@@ -114,7 +120,7 @@ def main(cfg: DictConfig) -> None:
     try:
         with StopSignal() as stop:
             OmegaConf.resolve(cfg)
-            as_given = copy.deepcopy(cfg)  # run() settles some keys (data.num_workers=auto); a retry is judged as typed
+            as_given = copy.deepcopy(cfg)  # run() settles some keys (worker knobs); a retry is judged as typed
             no_retry.check(run_dir, as_given)
             run(cfg, run_dir, stop)
     except (ConfigError, LoaderError) as err:

@@ -35,6 +35,8 @@ RENAMED = {
     "trainer.amp": "trainer.precision (auto | bf16 | fp16 | fp32; auto picks bf16 where the device runs it natively)",
     "trainer.cpu_bf16": "trainer.precision (auto | bf16 | fp32 on a CPU; auto = bf16 where the CPU has it natively)",
 }
+# Group options that were renamed: `augment=seed` is refused in one line naming the new option.
+RENAMED_OPTIONS = {"augment/seed": "augment=crop_flip"}
 
 SWAPPABLE_GROUPS = ("dataset", "model", "optimizer", "scheduler", "augment")  # `_target_` specs (conf/<group>/)
 

@@ -8,10 +8,8 @@ Callbacks (the `callbacks:` config group, `_target_` classes) see the run from o
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,56 +17,23 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from train import checkpoint
-from train.config import ConfigError, instantiate
+from train.config import ConfigError, TrainerConfig, instantiate
 from train.data import DataPipeline
+from train.data.augment import Recipe
 from train.data.batch import Batch
 from train.data.loader import explain_loader_error
 from train.data.stream import LoaderPositions
 from train.dist import DistEnv, all_reduce_sum, any_rank, barrier
 from train.metrics import EpochMeter, append_jsonl, reduce_over_ranks
 from train.monitoring import Monitor
-from train.step import Diverged, TrainStep
+from train.nonfinite import Diverged
+from train.progress import Plan, Progress
+from train.step import TrainStep
 from train.stop import RankAgreement, Stopped, StopSignal
 
 log = logging.getLogger(__name__)
 
 MEMORY_INTERVAL_S = 2.0  # how often main + workers PSS is sampled (a sample reads every process's page tables)
-
-
-class Record:
-    """A dataclass as a Stateful checkpoint part."""
-
-    def state_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
-
-
-@dataclass
-class Progress(Record):
-    """Where the run is: restored from a checkpoint, saved into the next one."""
-
-    epoch: int = 0  # the epoch in progress (0-based)
-    step: int = 0  # optimizer steps taken in total
-    batch_in_epoch: int = 0  # batches of `epoch` already trained
-    best_val_acc: float = -1.0  # of the epochs so far: best.pt holds that epoch's weights
-
-
-@dataclass
-class Plan(Record):
-    """What the run was planned as: a resumed run is checked against it."""
-
-    epochs: int = 0
-    steps_per_epoch: int = 0
-    world_size: int = 1
-
-    @property
-    def total_steps(self) -> int:
-        """The schedule's length: trainer.max_steps only cuts a run short (smoke runs), so a run stopped by it
-        and resumed later follows the same schedule."""
-        return self.epochs * self.steps_per_epoch
 
 
 def gpu_figures(record: dict) -> str:
@@ -80,20 +45,19 @@ def gpu_figures(record: dict) -> str:
 
 
 class Trainer:
-    def __init__(self, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
-                 run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
-                 callbacks: Sequence = ()):
-        self.cfg, self.env, self.device, self.data, self.run_dir = cfg, env, device, data, run_dir
+    """The loop over `data` with `step`, from the `trainer:` section `tc`; `model_name` names the model in the error
+    of a checkpoint that holds another."""
+
+    def __init__(self, tc: TrainerConfig, env: DistEnv, device: torch.device, data: DataPipeline, step: TrainStep,
+                 plan: Plan, run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
+                 callbacks: Sequence = (), model_name: str = "the model"):
+        self.tc, self.env, self.device, self.data, self.run_dir = tc, env, device, data, run_dir
+        self.step, self.plan, self.model_name = step, plan, model_name
         self.monitor = monitor or Monitor()  # TensorBoard / Prometheus; closed by whoever built it
         self.memory = self.monitor.sampler.start(MEMORY_INTERVAL_S)  # each epoch's peak PSS, off the step loop
         self.stop = stop or StopSignal()  # installed by whoever built it (python -m train); asked after each step
         self.agreement = RankAgreement()  # the stop signal and the micro-batch size, agreed one step later
         self.callbacks = list(callbacks)
-        tc = cfg.trainer
-        self.plan = Plan(tc.epochs, max(len(data.train) // tc.grad_accum_steps, 1), env.world_size)
-        mix = instantiate("augment", cfg.augment).batch_mix(data.num_classes, tc.seed)
-        self.step = TrainStep(cfg, env, device, model, self.plan.total_steps, mix,
-                              input_shape=(3, cfg.data.image_size, cfg.data.image_size))
         self.progress = Progress()
         self.positions = LoaderPositions(data.train, env)
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -101,8 +65,22 @@ class Trainer:
         self.best_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.BEST
         self.saved_step: int | None = None  # the step the checkpoints on disk reached (None: none written yet)
         if env.is_main:
-            checkpoint.warn_if_little_room(run_dir, 3 * checkpoint.tensor_bytes(model.state_dict()),
+            checkpoint.warn_if_little_room(run_dir, 3 * checkpoint.tensor_bytes(step.model.state_dict()),
                                            tc.keep_checkpoints)
+
+    @classmethod
+    def from_config(cls, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
+                    run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
+                    callbacks: Sequence = (), recipe: Recipe | None = None) -> Trainer:
+        """The TrainStep and Plan built from a composed config's sections, then the Trainer over them."""
+        tc = cfg.trainer
+        plan = Plan.for_run(tc.epochs, len(data.train), tc.grad_accum_steps, env.world_size)
+        recipe = recipe or instantiate("augment", cfg.augment)
+        step = TrainStep.from_config(cfg, env, device, model, plan.total_steps,
+                                     recipe.batch_mix(data.num_classes, tc.seed))
+        name = OmegaConf.select(cfg, "model.name", default=None)
+        return cls(tc, env, device, data, step, plan, run_dir, monitor, stop, callbacks,
+                   model_name=f"model.name={name}" if name else f"model._target_={cfg.model._target_}")
 
     def _call(self, hook: str, *args) -> None:
         for callback in self.callbacks:
@@ -123,7 +101,7 @@ class Trainer:
         self._call("on_save")
         self.positions.gather(mid_epoch=self.progress.batch_in_epoch > 0)
         if self.env.is_main:
-            checkpoint.save(self.parts(), self.checkpoint_path, keep=self.cfg.trainer.keep_checkpoints)
+            checkpoint.save(self.parts(), self.checkpoint_path, keep=self.tc.keep_checkpoints)
             if best:
                 checkpoint.copy_atomic(self.checkpoint_path, self.best_path)
         barrier()
@@ -133,7 +111,7 @@ class Trainer:
         """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
         state = checkpoint.load(path, self.device)
         progress, saved = Progress(**state["progress"]), Plan(**state["plan"])
-        tc = self.cfg.trainer
+        tc = self.tc
         reached = progress.epoch + (progress.batch_in_epoch > 0)  # epochs begun
         if reached > tc.epochs:
             raise ConfigError(f"trainer.epochs={tc.epochs}: {path} has begun epoch {reached} already; use "
@@ -171,18 +149,16 @@ class Trainer:
         try:
             model.load_state_dict(state["model"])
         except RuntimeError as err:
-            name = OmegaConf.select(self.cfg, "model.name", default=None)
-            which = f"model.name={name}" if name else f"model._target_={self.cfg.model._target_}"
-            raise ConfigError(f"trainer.resume: {path} holds another model than {which} "
+            raise ConfigError(f"trainer.resume: {path} holds another model than {self.model_name} "
                               f"({str(err).splitlines()[0]})") from err
 
     # -- loop ------------------------------------------------------------------------------------------------
     def done(self) -> bool:
-        limit = min(self.plan.total_steps, self.cfg.trainer.max_steps or self.plan.total_steps)
+        limit = min(self.plan.total_steps, self.tc.max_steps or self.plan.total_steps)
         return self.progress.step >= limit
 
     def fit(self) -> list[dict]:
-        tc = self.cfg.trainer
+        tc = self.tc
         records = []
         while self.progress.epoch < tc.epochs and not self.done():
             record = {"epoch": self.progress.epoch + 1, **self.train_epoch(), **self.evaluate()}
@@ -252,7 +228,7 @@ class Trainer:
 
     def _batches(self, batches: Iterable[Batch], meter: EpochMeter, desc: str, total: int) -> Iterator[Batch]:
         """Batches on the device, timed by `meter`; a dead worker or a timeout becomes an error naming its cause."""
-        show = self.cfg.trainer.progress and self.env.is_main
+        show = self.tc.progress and self.env.is_main
         with tqdm(total=total, desc=desc, leave=False, disable=not show, dynamic_ncols=True) as bar:
             iterator = iter(batches)
             while True:
@@ -270,7 +246,7 @@ class Trainer:
                 bar.update(1)
 
     def train_epoch(self) -> dict:
-        tc = self.cfg.trainer
+        tc = self.tc
         self.step.ddp.train()
         self.data.set_epoch(self.progress.epoch)
         meter = EpochMeter(self.device, self.memory)

@@ -229,9 +229,9 @@ class Monitor:
         self._window = _WindowTracker()
 
     @classmethod
-    def from_config(cls, cfg, env: DistEnv, device: torch.device, run_dir: Path) -> Monitor:
-        """TensorBoard on rank 0 if trainer.tensorboard; Prometheus on every rank if trainer.metrics_port."""
-        tc = cfg.trainer
+    def from_config(cls, tc, env: DistEnv, device: torch.device, run_dir: Path) -> Monitor:
+        """From the `trainer:` section: TensorBoard on rank 0 if trainer.tensorboard; Prometheus on every rank if
+        trainer.metrics_port."""
         sampler = MemorySampler(device)
         tb = TensorBoardSink(run_dir) if tc.tensorboard and env.is_main else None
         prom = PrometheusSink(tc.metrics_port, tc.metrics_host, env, sampler) if tc.metrics_port is not None \

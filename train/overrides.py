@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from train.config import RENAMED, SWAPPABLE_GROUPS, ConfigError, register
+from train.config import RENAMED, RENAMED_OPTIONS, SWAPPABLE_GROUPS, ConfigError, register
 
 
 def check_command_line(overrides: list[str], config_name: str = "config") -> None:
@@ -61,6 +61,8 @@ def _missing_option(err) -> str:
     options = ", ".join(getattr(err, "options", None) or [])
     if not group:
         return str(err).strip().splitlines()[0]
+    if missing in RENAMED_OPTIONS:
+        return f"{group}={name}: renamed; use {RENAMED_OPTIONS[missing]}"
     return (f"{group}={name}: no conf/{group}/{name}.yaml; choose one of {options} (or point {group}._target_ at a "
             "class of your own)")
 

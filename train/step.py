@@ -17,147 +17,38 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from train import precision
-from train.config import instantiate
+from train.config import TrainerConfig, instantiate
 from train.data.augment import BatchMix
 from train.data.batch import Batch
 from train.dist import DistEnv
+from train.micro_batch import MicroBatch, OutOfMemory
+from train.nonfinite import SCALE_FLOOR, Diverged, NonFiniteWatch
 
 log = logging.getLogger(__name__)
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_frac: float = 0.05,
-                  min_lr_frac: float = 0.0, last_epoch: int = -1) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over `warmup_frac` of the steps, then a cosine down to `min_lr_frac` of the optimizer's lr
-    (conf/scheduler/cosine.yaml)."""
-    warmup = max(1, round(warmup_frac * total_steps))
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        return min_lr_frac + (1 - min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=last_epoch)
-
-
-class OutOfMemory(Exception):
-    """The step ran out of device memory and could not go on (no smaller micro-batch, or mid gradient sync)."""
-
-    def __init__(self, device: torch.device, batch_size: int, micro_batch_size: int, auto: bool):
-        self.device, self.batch_size, self.micro_batch_size = device, batch_size, micro_batch_size
-        if device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(device) / 2**30
-            reserved = torch.cuda.memory_reserved(device) / 2**30
-            total = torch.cuda.get_device_properties(device).total_memory / 2**30
-            memory = f"peak {peak:.1f} GiB allocated, {reserved:.1f} GiB reserved of {total:.1f} GiB on {device}"
-        else:
-            memory = f"on {device}"
-        fix = ("lower data.batch_size (per GPU) or the model's size" if auto and micro_batch_size == 1 else
-               "set trainer.micro_batch_size=auto (the same optimizer batch, run in slices that fit) or lower "
-               "data.batch_size")
-        super().__init__(f"out of memory: data.batch_size={batch_size}, micro-batch {micro_batch_size}, {memory}; "
-                         f"{fix}")
-
-
-SCALE_FLOOR = 1.0  # fp16: a loss scale shrunk below this means the gradients overflow unscaled: divergence
-
-
-class Diverged(Exception):
-    """Training produced non-finite losses (or fp16's loss scale collapsed); the checkpoints keep the last finite
-    state."""
-
-
-class NonFiniteWatch:
-    """Whether every loss since the start was finite, known on the host without waiting for the device: each
-    `poll` starts a copy of the device flag to the host and returns the answer of an earlier copy once it has landed
-    (a CUDA event, queried, never waited on); `confirm` waits (at a checkpoint, where a sync is due anyway)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.finite = torch.ones((), dtype=torch.bool, device=device)
-        self.last_finite_loss = torch.full((), float("nan"), device=device)
-        self._copy: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
-
-    def note(self, loss: torch.Tensor, flag: bool = True) -> None:
-        """Keep the last finite loss (for the divergence line); with `flag`, a non-finite one marks the run."""
-        finite = torch.isfinite(loss)
-        if flag:
-            self.finite &= finite
-        self.last_finite_loss = torch.where(finite, loss.detach().float(), self.last_finite_loss)
-
-    def poll(self) -> bool:
-        """False once a non-finite loss is known on the host (maybe a step or two after it happened)."""
-        known = True
-        if self._copy is not None:
-            host, event = self._copy
-            if event is not None and not event.query():
-                return True  # the earlier copy has not landed: ask again at the next step
-            known = bool(host)
-        cuda = self.device.type == "cuda"
-        host = torch.empty((), dtype=torch.bool, pin_memory=cuda)
-        host.copy_(self.finite, non_blocking=cuda)
-        event = torch.cuda.Event() if cuda else None
-        if event is not None:
-            event.record()
-        self._copy = (host, event)
-        return known
-
-    def confirm(self, model: torch.nn.Module) -> bool:
-        """Every loss so far finite, and every weight and buffer (BatchNorm's statistics) finite now. Waits for the
-        device: at a checkpoint, where a sync is due anyway. An update can make the weights non-finite a step before
-        any loss shows it."""
-        weights = torch.stack([t.isfinite().all() for t in model.state_dict().values() if t.is_floating_point()])
-        return bool(self.finite & weights.all())
-
-
-class MicroBatch:
-    """trainer.micro_batch_size as a Stateful part: the slice size reached goes into the checkpoint, so a resumed
-    run starts at the size that fit."""
-
-    def __init__(self, setting: int | str | None, batch_size: int):
-        self.auto = setting == "auto"
-        self.batch_size = batch_size
-        self.size = batch_size if setting in (None, "auto") else min(int(setting), batch_size)
-
-    def halve(self) -> bool:
-        """Halve the slice for the next try; False when it is one sample already."""
-        if self.size <= 1:
-            return False
-        self.size = max(1, self.size // 2)
-        return True
-
-    def agree(self, size: int) -> None:
-        """The smallest slice any rank reached (the loop's control all-reduce)."""
-        if 1 <= size < self.size:
-            log.info("trainer.micro_batch_size=auto: %d samples per slice (another rank ran out of memory)", size)
-            self.size = size
-
-    def state_dict(self) -> dict:
-        return {"size": self.size}
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.auto and state.get("size"):
-            self.size = min(int(state["size"]), self.batch_size)
+Optimizer = Callable[..., torch.optim.Optimizer]  # optimizer.* built with _partial_: parameters -> optimizer
+Schedule = Callable[..., torch.optim.lr_scheduler.LRScheduler]  # scheduler.*: (optimizer, total_steps, last_epoch)
 
 
 class TrainStep:
-    """The model (DDP-wrapped under torchrun, compiled with trainer.compile), its optimizer (optimizer.*), LR
-    schedule over `total_steps` (scheduler.*), precision and GradScaler, loss and the recipe's batch mix (augment.*).
-    Its Stateful parts (`stateful()`) go into every checkpoint. `input_shape` (C, H, W) shapes the empty forward of
-    a batch with no readable sample."""
+    """The model (DDP-wrapped under torchrun, compiled with trainer.compile), its optimizer, LR schedule over
+    `total_steps`, precision and GradScaler, loss and the recipe's batch mix, from the `trainer:` section `tc`.
+    Its Stateful parts (`stateful()`) go into every checkpoint. `batch_size` is the optimizer's batch;
+    `input_shape` (C, H, W) shapes the empty forward of a batch with no readable sample."""
 
-    def __init__(self, cfg, env: DistEnv, device: torch.device, model: torch.nn.Module, total_steps: int,
-                 mix: BatchMix | None = None, input_shape: tuple[int, int, int] | None = None):
-        tc = cfg.trainer
+    def __init__(self, tc: TrainerConfig, env: DistEnv, device: torch.device, model: torch.nn.Module, *,
+                 optimizer: Optimizer, schedule: Schedule, batch_size: int, total_steps: int,
+                 input_shape: tuple[int, int, int], mix: BatchMix | None = None):
         self.device, self.model, self.total_steps, self.mix = device, model, max(total_steps, 1), mix
-        self.input_shape = input_shape or (3, cfg.data.image_size, cfg.data.image_size)
+        self.input_shape = input_shape
         self.distributed = env.distributed
         self.precision = precision.resolve(tc.precision, device)
         if self.precision == "fp32":
@@ -172,21 +63,30 @@ class TrainStep:
                                                    broadcast_buffers=False, gradient_as_bucket_view=True)
         self.compiled = torch.compile(self.ddp, mode=None if tc.compile_mode == "default" else tc.compile_mode,
                                       dynamic=False) if tc.compile else None
-        self.optimizer = instantiate("optimizer", cfg.optimizer)(model.parameters())
-        self.make_scheduler = instantiate("scheduler", cfg.scheduler)
+        self.optimizer = optimizer(model.parameters())
+        self.make_scheduler = schedule
         self.scheduler = self.plan_schedule(0)
         self.scaler = precision.grad_scaler(device, self.precision)
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=tc.label_smoothing)
         self.accum = tc.grad_accum_steps
         self.micro = 0  # batches since the last optimizer step
-        self.micro_batch = MicroBatch(tc.micro_batch_size, cfg.data.batch_size)
+        self.micro_batch = MicroBatch(tc.micro_batch_size, batch_size)
         # trainer.on_nonfinite: stop = watch the losses without a sync (the loop acts on `watch`); skip = check the
         # all-reduced gradients before each update (one sync a step) and drop a non-finite step
         self.skip_nonfinite, self.max_skips = tc.on_nonfinite == "skip", tc.nonfinite_skips
         self.watch = NonFiniteWatch(device)
         self.skipped = self.skipped_in_row = 0  # non-finite steps skipped (fp16: steps the GradScaler skipped)
         self._syncing = False  # in the backward that all-reduces gradients: running out of memory there is final
+
+    @classmethod
+    def from_config(cls, cfg, env: DistEnv, device: torch.device, model: torch.nn.Module, total_steps: int,
+                    mix: BatchMix | None = None) -> TrainStep:
+        """Built from a composed config's trainer, optimizer, scheduler and data sections."""
+        size = cfg.data.image_size
+        return cls(cfg.trainer, env, device, model, optimizer=instantiate("optimizer", cfg.optimizer),
+                   schedule=instantiate("scheduler", cfg.scheduler), batch_size=cfg.data.batch_size,
+                   total_steps=total_steps, input_shape=(3, size, size), mix=mix)
 
     def plan_schedule(self, step: int) -> torch.optim.lr_scheduler.LRScheduler:
         """The schedule over `total_steps`, positioned at `step` (0: a new run; else the optimizer was restored)."""

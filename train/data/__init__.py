@@ -1,4 +1,5 @@
-"""The data path: dataset -> transforms -> sampler -> DataLoader (every knob) -> device prefetcher -> Batch.
+"""The data path: source -> Samples (seed, note, load/cache, transform, skip bad) -> sampler -> DataLoader (every
+knob, one LoaderPlan) -> device prefetcher -> Batch on the device.
 
 The training loop sees only `DataPipeline`: `train` and `val` both yield `Batch`es on the device through the same
 prefetcher. `train` is a `TrainStream` (stream.py): one loader iterator spanning all epochs, so the workers
@@ -12,11 +13,19 @@ from functools import partial
 
 import torch
 
-from train.data.activity import ActivityBoard, Watched, sample_name
-from train.data.datasets import build_datasets
-from train.data.loader import build_loader, resolve_num_workers, shutdown_workers
+from train.config import ConfigError, fitted_spec, instantiate
+from train.data.activity import ActivityBoard
+from train.data.augment import Recipe
+from train.data.cache import SharedSampleCache
+from train.data.loader import build_val_loader
+from train.data.plan import LoaderPlan
 from train.data.prefetcher import DevicePrefetcher
+from train.data.samples import Samples
+from train.data.shm import check_shm, warn_if_shm_too_small
+from train.data.source import Offers, Source, check_sources, sample_name
+from train.data.stateful import shutdown_workers
 from train.data.stream import TrainStream, build_train_stream
+from train.data.transforms import build_val_transform, resize_size
 from train.dist import DistEnv
 
 
@@ -27,8 +36,8 @@ class DataPipeline:
     train: TrainStream  # this epoch's rest, on the device; its state_dict() is the position a checkpoint keeps
     val: DevicePrefetcher  # the validation loader's batches on the device; `.loader` is the StatefulDataLoader
     num_classes: int
-    activity: Watched | None = None  # what the training workers read (slots 0..n-1), then the validation ones
-    val_activity: Watched | None = None
+    plan: LoaderPlan
+    samples: tuple[Samples, Samples]  # (train, val): what their workers read, noted on one ActivityBoard
 
     def set_epoch(self, epoch: int) -> None:
         """Position the training stream at `epoch` (the sampler's own set_epoch runs as its indices are drawn)."""
@@ -36,16 +45,14 @@ class DataPipeline:
 
     def stuck_read(self) -> str | None:
         """The worker that has been reading one sample longest and that sample, for a timed-out loader's error."""
-        if self.activity is None:
-            return None
-        found = self.activity.board.longest_read()
+        train, val = self.samples
+        found = None if train.board is None else train.board.longest_read()
         if found is None:
             return None
         slot, pid, index, seconds = found
-        which = self.activity if slot < self.val_activity.first_slot else self.val_activity
-        role = "training" if which is self.activity else "validation"
+        which, role = (train, "training") if slot < val.first_slot else (val, "validation")
         return (f"{role} worker {slot - which.first_slot} (pid {pid}) has been reading "
-                f"{sample_name(which.dataset, index)} for {seconds:.0f} s")
+                f"{sample_name(which.source, index)} for {seconds:.0f} s")
 
     def close(self) -> None:
         """End both loaders' worker processes now."""
@@ -60,22 +67,56 @@ class DataPipeline:
         self.close()
 
 
-def build_data(cfg, env: DistEnv, device: torch.device) -> DataPipeline:
-    """Datasets and loaders from cfg.data; every check that can fail runs here, before any worker starts."""
-    data = cfg.data
-    train_ds, val_ds, num_classes = build_datasets(cfg)
-    workers = resolve_num_workers(data.num_workers, env.local_world_size)
-    board = ActivityBoard(2 * workers) if workers else None
-    if board is not None:  # each worker notes the sample it reads: a stuck one is named when data.timeout fires
-        train_ds, val_ds = Watched(train_ds, board), Watched(val_ds, board, first_slot=workers)
-    seed = cfg.trainer.seed
-    val_loader = build_loader(val_ds, data, env, device, seed=seed)
+def build_sources(spec, data) -> tuple[Source, Source]:
+    """`dataset._target_` built with split="train" and "val", checked (source.py); a source that can decode at a
+    smaller size gets the resize size when data.scaled_decode."""
+    spec = fitted_spec("dataset", spec, optional=("root",))  # a class of your own may take no root
+    train, val = (instantiate("dataset", spec, split=split) for split in ("train", "val"))
+    check_sources(spec._target_, train, val)
+    if data.scaled_decode and Offers.of(train).min_side:
+        train.min_side = val.min_side = resize_size(data)
+    return train, val
+
+
+def _sample_cache(data, train: Source) -> SharedSampleCache | None:
+    """The shared sample cache (data.cache_bytes), allocated in the main process before any worker starts."""
+    if not data.cache_bytes:
+        return None
+    if Offers.of(train).decoded:
+        raise ConfigError(f"data.cache_bytes={data.cache_bytes}: the sample cache is for datasets that decode "
+                          f"({type(train).__name__} stores decoded images already): set it to 0")
+    problem = check_shm(data.cache_bytes)
+    if problem:
+        raise ConfigError(f"data.cache_bytes={data.cache_bytes}: {problem}")
+    return SharedSampleCache(len(train), resize_size(data), data.cache_bytes)
+
+
+def build_data(data, sources: tuple[Source, Source], recipe: Recipe, plan: LoaderPlan, env: DistEnv,
+               device: torch.device, *, seed: int, epochs: int, channels_last: bool) -> DataPipeline:
+    """Both loaders from the `data:` section, the sources, the augmentation recipe and the plan; every check that can
+    fail runs here, before any worker starts."""
+    train, val = sources
+    cache = _sample_cache(data, train)
+    stored = Offers.of(train).size  # the side of square stored samples (packed): no Resize for them
+    train_transform = recipe.train_transform(data, resize_size(data) if cache is not None else stored)
+    board = ActivityBoard(2 * plan.num_workers) if plan.num_workers else None
+    common = dict(seed=seed, on_bad_sample=data.on_bad_sample, board=board)
+    samples = (Samples(train, train_transform, cache=cache, **common),
+               Samples(val, build_val_transform(data, stored), first_slot=plan.num_workers, **common))
+    warn_if_shm_too_small(plan.shm_bytes)
+    val_loader = build_val_loader(samples[1], plan, data, env, seed)
     # no reference back to the pipeline: the stream holds this, and a cycle would leave its workers to the collector
     to_device = partial(DevicePrefetcher, device=device, normalize=data.device_transforms,
-                        channels_last=cfg.trainer.channels_last, non_blocking=data.non_blocking,
-                        beside_workers=val_loader.num_workers > 0)  # both loaders have data.num_workers
-    train_stream = build_train_stream(train_ds, data, env, device, seed=seed, epochs=cfg.trainer.epochs,
-                                      to_device=to_device)
-    watched = board is not None
-    return DataPipeline(train_stream, to_device(val_loader), num_classes, activity=train_ds if watched else None,
-                        val_activity=val_ds if watched else None)
+                        channels_last=channels_last, non_blocking=data.non_blocking,
+                        beside_workers=plan.num_workers > 0)
+    train_stream = build_train_stream(samples[0], plan, data, env, seed=seed, epochs=epochs, to_device=to_device)
+    return DataPipeline(train_stream, to_device(val_loader), len(train.classes), plan, samples)
+
+
+def data_from_config(cfg, env: DistEnv, device: torch.device, recipe: Recipe | None = None,
+                     typed_workers: bool = True) -> DataPipeline:
+    """`build_data` with every part built from a composed config (tests, benchmarks, tune)."""
+    recipe = recipe or instantiate("augment", cfg.augment)
+    plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers)
+    return build_data(cfg.data, build_sources(cfg.dataset, cfg.data), recipe, plan, env, device,
+                      seed=cfg.trainer.seed, epochs=cfg.trainer.epochs, channels_last=cfg.trainer.channels_last)

@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
 
 PID, INDEX, SINCE = range(3)
 
@@ -30,8 +29,7 @@ class ActivityBoard:
 
     @property
     def table(self) -> np.ndarray:
-        """`rows` as a numpy view of the same shared pages: a row write is a numpy store, not a torch op
-        (bench/RESULTS.md)."""
+        """`rows` as a numpy view of the same shared pages: a row write is a numpy store, not a torch op."""
         if self._table is None:
             self._table = self.rows.numpy()
         return self._table
@@ -49,38 +47,3 @@ class ActivityBoard:
             return None
         row, slot = min(busy, key=lambda item: item[0][SINCE])
         return slot, int(row[PID]), int(row[INDEX]), time.time() - row[SINCE]
-
-
-class Watched(Dataset):
-    """`dataset` whose workers record each sample they read on `board`, in rows `first_slot` + worker id."""
-
-    def __init__(self, dataset: Dataset, board: ActivityBoard, first_slot: int = 0):
-        self.dataset, self.board, self.first_slot = dataset, board, first_slot
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getattr__(self, name: str):  # classes, targets, seeded_items, ... of the wrapped dataset
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
-    def __getitem__(self, index: int):
-        info = get_worker_info()
-        if info is None:
-            return self.dataset[index]
-        slot = self.first_slot + info.id
-        self.board.note(slot, index)
-        try:
-            return self.dataset[index]
-        finally:
-            self.board.clear(slot)
-
-
-def sample_name(dataset: Dataset, index: int) -> str:
-    """A sample as a user finds it: its file where the dataset keeps paths, else its index."""
-    paths = getattr(dataset, "paths", None)
-    if paths is not None:
-        path = paths[index]
-        return f"{path.decode() if isinstance(path, bytes) else path} (sample {index})"
-    return f"sample {index}"

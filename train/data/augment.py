@@ -2,7 +2,7 @@
 optional MixUp / CutMix of whole batches on the device.
 
 Every draw is a function of (seed, epoch, index): the per-sample steps draw from the sample's seeded RNG
-(resumable.py), the batch mix from a generator seeded by (seed, epoch, batch). Samples stay uint8 to the device
+(samples.py), the batch mix from a generator seeded by (seed, epoch, batch). Samples stay uint8 to the device
 (data.device_transforms). Validation keeps Resize -> CenterCrop (transforms.build_val_transform) whatever the recipe.
 """
 
@@ -14,15 +14,15 @@ import torch
 from torchvision.transforms import v2
 
 from train.config import ConfigError
-from train.data.transforms import SeedPipeline, resize_steps, to_float_steps
-from train.data.workers import mixed_seed
+from train.data.seeds import BATCH_MIX, mixed_seed
+from train.data.transforms import DirectCompose, resize_steps, to_float_steps
 
 AUTO_AUGMENT = {"trivial": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
 
 
 @dataclass
 class Recipe:
-    crop: str = "random"  # random: Resize -> RandomCrop (the seed pipeline) | resized: RandomResizedCrop (ImageNet)
+    crop: str = "random"  # random: Resize -> RandomCrop (augment=crop_flip) | resized: RandomResizedCrop (ImageNet)
     scale_min: float = 0.08  # RandomResizedCrop's smallest area fraction
     flip: bool = True
     auto_augment: str | None = None  # null | trivial (TrivialAugmentWide) | randaugment
@@ -37,7 +37,7 @@ class Recipe:
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0 or not 0 < self.scale_min <= 1:
             raise ConfigError("augment.mixup_alpha and augment.cutmix_alpha must be >= 0, augment.scale_min in (0, 1]")
 
-    def train_transform(self, data_cfg, input_size: int | None = None) -> SeedPipeline:
+    def train_transform(self, data_cfg, input_size: int | None = None) -> DirectCompose:
         """The per-sample pipeline; `input_size`: the side of inputs already square (packed, cached)."""
         if self.crop == "resized":
             steps = [v2.RandomResizedCrop(data_cfg.image_size, scale=(self.scale_min, 1.0), antialias=True)]
@@ -47,7 +47,7 @@ class Recipe:
             steps.append(v2.RandomHorizontalFlip())
         if self.auto_augment is not None:
             steps.append(AUTO_AUGMENT[self.auto_augment]())
-        return SeedPipeline([*steps, *to_float_steps(data_cfg)])
+        return DirectCompose([*steps, *to_float_steps(data_cfg)])
 
     def batch_mix(self, num_classes: int, seed: int) -> BatchMix | None:
         if not (self.mixup_alpha or self.cutmix_alpha):
@@ -70,7 +70,7 @@ class BatchMix:
         # Their draws come from the CPU's default generator, seeded here and restored after: torch.manual_seed would
         # also reseed every GPU's generator, alike on every rank (equal dropout masks) and tied to the batch number.
         with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(mixed_seed(self.seed, epoch, batch))
+            torch.default_generator.manual_seed(mixed_seed(self.seed, BATCH_MIX, epoch, batch))
             images, targets = self.mix(images, targets)
         if channels_last:  # the mix returns NCHW; the model was given channels_last
             images = images.contiguous(memory_format=torch.channels_last)

@@ -4,18 +4,20 @@ A 12 MP camera photo trained at 224 px is decoded whole and then shrunk about 14
 goes into pixels the resize throws away. libjpeg-turbo can decode at 1/2, 1/4 or 1/8 scale in the DCT domain,
 skipping most of that work. `decode_image_file(data, min_side)` picks the smallest such scale whose shorter side is
 still >= `min_side` (the size the transforms resize the shorter side to), so the resize after it still shrinks and
-the result is as sharp as the full decode's. JPEGs go through simplejpeg (libjpeg-turbo's TurboJPEG API), which is
-also faster than torchvision's decoder at full size (bench/RESULTS.md); what it cannot convert to RGB (CMYK) and
-other formats go through torchvision.
+the result is as sharp as the full decode's. JPEGs go through simplejpeg (libjpeg-turbo's TurboJPEG API; bench/decode.py
+compares it with torchvision's decoder); what it cannot convert to RGB (CMYK) and other formats go through PIL.
+Neither applies EXIF orientation: pixels come as stored (tests/test_decode.py pins it).
 """
 
 from __future__ import annotations
 
+import io
 import math
 
+import numpy as np
 import simplejpeg
 import torch
-from torchvision.io import ImageReadMode, decode_image
+from PIL import Image
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 SCALES = (8, 4, 2)  # the power-of-two DCT scalings; libjpeg's other M/8 factors decode slower than whole
@@ -40,5 +42,7 @@ def decode_image_file(data: bytes, min_side: int | None = None) -> torch.Tensor:
                                             min_width=math.ceil(width / scale))
             return torch.from_numpy(pixels).permute(2, 0, 1)
         except ValueError:
-            pass  # not decodable to RGB by TurboJPEG (CMYK, damaged): torchvision decides
-    return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            pass  # not decodable to RGB by TurboJPEG (CMYK, damaged): PIL decides
+    with Image.open(io.BytesIO(data)) as image:
+        pixels = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(pixels).permute(2, 0, 1)  # HWC in memory, as the JPEG path

@@ -38,7 +38,8 @@ from train.data.batch import (
     stack_images,
     stackable,
 )
-from train.data.shm import RING_SPARE_SLOTS, SHM_PATH
+from train.data.plan import LoaderPlan
+from train.data.shm import SHM_PATH, shm_fix
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,7 @@ class ShmRing:
         except RuntimeError as err:  # torch reserves the pages up front: a full /dev/shm fails here, not later
             raise ConfigError(
                 f"data.num_workers={num_workers}: the workers' batch ring needs {num_workers} x {slots} batches of "
-                f"{shape} in {SHM_PATH} and it has no room ({err}). Fix: more shared memory (compose shm_size, "
-                "`docker run --shm-size=8g` or `--ipc=host`), or lower data.num_workers, data.prefetch_factor or "
-                "data.batch_size") from err
+                f"{shape} in {SHM_PATH} and it has no room ({err}). Fix: {shm_fix()}") from err
         # received[w, s] = 1 + the count of worker w's last batch copied out of slot s (0: none since it started)
         self.received = torch.zeros((num_workers, slots), dtype=torch.int64).share_memory_()
         self.overruns = torch.zeros(1, dtype=torch.int64).share_memory_()  # batches that found their slot busy
@@ -154,15 +153,8 @@ class ShmRing:
                          _by_value(indices), bad)
 
 
-def build_collate(data_cfg, loader_kwargs: dict):
-    """The collate_fn for a loader with `loader_kwargs` (checked_loader_kwargs): a ShmRing sized from data.* when
-    it has workers, else `collate`."""
-    num_workers = loader_kwargs.get("num_workers", 0)
-    if num_workers == 0:
+def build_collate(plan: LoaderPlan):
+    """The collate_fn of a loader with `plan`: a ShmRing of its geometry when it has workers, else `collate`."""
+    if plan.num_workers == 0:
         return collate
-    prefetch = loader_kwargs.get("prefetch_factor") or 2
-    dtype = torch.uint8 if data_cfg.device_transforms else torch.float32
-    shape = (data_cfg.batch_size, 3, data_cfg.image_size, data_cfg.image_size)
-    return ShmRing(num_workers, prefetch + RING_SPARE_SLOTS, shape, dtype,
-                   pin_memory=bool(loader_kwargs.get("pin_memory")))
-
+    return ShmRing(plan.num_workers, plan.ring_slots, plan.batch_shape, plan.dtype, pin_memory=plan.pin_memory)

@@ -13,7 +13,7 @@ follows torchdata's Stateful protocol: its state is the (epoch, batch) position 
 handed out, which the loader records as each batch's indices go to a worker. The loader's state taken right after
 a batch comes out of it is therefore that batch's position, however many batches the workers still hold; the
 stream takes it there, before the device prefetcher draws a batch ahead, and keeps the state of the last batch the
-loop received. Resuming at (epoch, batch) draws the same order and, with per-sample seeding (resumable.py), the
+loop received. Resuming at (epoch, batch) draws the same order and, with per-sample seeding (samples.py), the
 same pixels.
 """
 
@@ -28,10 +28,11 @@ from torch.utils.data import BatchSampler, Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from train.data.batch import Batch
-from train.data.loader import build_sampler, checked_loader_kwargs, stateful_loader
-from train.data.resumable import EpochSeededDataset
+from train.data.loader import build_sampler
+from train.data.plan import LoaderPlan
 from train.data.ring import build_collate
-from train.data.workers import loader_seed
+from train.data.seeds import loader_seed
+from train.data.stateful import forget_loaded_state, stateful_loader
 from train.dist import DistEnv, all_gather
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class TrainStream:
         if (epoch, batch) == (self.epoch, self.batch) and not force:
             return
         self.close()
-        self.loader.next_iter_state = None  # a state loaded earlier must not override this position
+        forget_loaded_state(self.loader)  # a state loaded earlier must not override this position
         self.epoch, self.batch, self.loader_state = epoch, batch, None
 
     def close(self) -> None:
@@ -175,17 +176,15 @@ class TrainStream:
             yield batch
 
 
-def build_train_stream(dataset: Dataset, data_cfg, env: DistEnv, device: torch.device, *, seed: int, epochs: int,
+def build_train_stream(samples: Dataset, plan: LoaderPlan, data, env: DistEnv, *, seed: int, epochs: int,
                        to_device: Callable[[Iterable], Iterable]) -> TrainStream:
-    """The training stream from data.*: a StatefulDataLoader with every DataLoader knob as for any loader, one
-    batch sampler over all `epochs`, each sample's augmentation drawn from (seed, epoch, index) (resumable.py)."""
-    kwargs = checked_loader_kwargs(data_cfg, env, device)
-    del kwargs["batch_size"]  # the batch sampler batches
-    sampler = build_sampler(dataset, data_cfg, env, train=True, seed=seed)
-    batches = EpochBatchSampler(sampler, data_cfg.batch_size, data_cfg.drop_last, epochs)
-    loader = stateful_loader(EpochSeededDataset(dataset, seed), batch_sampler=batches,
-                             collate_fn=build_collate(data_cfg, kwargs), generator=torch.Generator().manual_seed(
-                                 loader_seed(seed, env.rank)), **kwargs)
+    """The training stream: a StatefulDataLoader with every data.* knob, one batch sampler over all `epochs`
+    handing `samples` (samples.Samples) its keys `(epoch, index)`."""
+    sampler = build_sampler(samples, data, env, train=True, seed=seed)
+    batches = EpochBatchSampler(sampler, plan.batch_size, data.drop_last, epochs)
+    loader = stateful_loader(samples, batch_sampler=batches, collate_fn=build_collate(plan),
+                             generator=torch.Generator().manual_seed(loader_seed(seed, env.rank)),
+                             **plan.loader_kwargs(data))
     return TrainStream(loader, batches, to_device)
 
 

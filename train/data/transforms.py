@@ -6,16 +6,19 @@ Workers keep images uint8. With data.device_transforms=true the float conversion
 run here in the workers. Inputs that are already square at the resize size (the packed format, the shared sample
 cache) skip the Resize step: `fit_square` is the one place that makes them.
 
-The pipelines are `SeedPipeline`s: a v2.Compose whose single-tensor path calls each step's own `make_params` and
+The pipelines are `DirectCompose`s: a v2.Compose whose single-tensor path calls each step's own `make_params` and
 `transform` directly (RandomCrop and RandomHorizontalFlip: v2's own draws, then a slice or a flip), the same RNG
-draws and pixels as v2 without its per-call input flattening, checks and dispatch (bench/RESULTS.md). The packed
-format runs RandomCrop + RandomHorizontalFlip per batch instead (packed.py).
+draws and pixels as v2 without its per-call input flattening, checks and dispatch (bench/RESULTS.md: decode). A
+source that crops whole batches (`read_crops`, the packed format) gets RandomCrop + RandomHorizontalFlip as a
+`CropFlipPlan` instead: the boxes drawn from each sample's 64-bit seed, vectorised.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
@@ -27,7 +30,7 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
 
-# Per-pixel steps that give the same result on a (N, C, H, W) batch as on each image (packed.py batches them).
+# Per-pixel steps that give the same result on a (N, C, H, W) batch as on each image (a CropFlipPlan batches them).
 BATCHABLE = (v2.ToDtype, v2.Normalize)
 
 
@@ -72,7 +75,7 @@ def _random_crop(height: int, width: int) -> Callable[[torch.Tensor], torch.Tens
     return crop
 
 
-class SeedPipeline(v2.Compose):
+class DirectCompose(v2.Compose):
     """v2.Compose; one plain tensor in (a dataset sample) runs the steps directly (`_direct`), anything else
     (tv_tensors, several inputs) goes through v2 as usual."""
 
@@ -109,8 +112,8 @@ def to_float_steps(data_cfg) -> list:
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
 
 
-def build_val_transform(data_cfg, input_size: int | None = None) -> SeedPipeline:
-    return SeedPipeline([
+def build_val_transform(data_cfg, input_size: int | None = None) -> DirectCompose:
+    return DirectCompose([
         *resize_steps(data_cfg, input_size),
         v2.CenterCrop(data_cfg.image_size),
         *to_float_steps(data_cfg),
@@ -133,3 +136,46 @@ class DeviceNormalize:
             self._on_device = tuple(t.to(images.device) for t in self._host)
         mean, std = self._on_device
         return images.float().sub_(mean).div_(std)
+
+
+@dataclass(frozen=True)
+class CropFlipPlan:
+    """A pipeline RandomCrop (no padding) -> [RandomHorizontalFlip] -> per-pixel steps, run on whole batches: each
+    sample's box and coin taken from bits of its 64-bit seed (seeds.sample_seeds) instead of torch's RNG."""
+
+    height: int
+    width: int
+    flip_p: float
+    rest: tuple
+
+    @classmethod
+    def of(cls, transform) -> CropFlipPlan | None:
+        """The plan of `transform`, or None when it is any other pipeline."""
+        steps = list(transform.transforms) if isinstance(transform, v2.Compose) else [transform]
+        if not steps or type(steps[0]) is not v2.RandomCrop or steps[0].padding is not None \
+                or steps[0].pad_if_needed:
+            return None
+        (height, width), flip, rest = steps[0].size, 0.0, steps[1:]
+        if rest and type(rest[0]) is v2.RandomHorizontalFlip:
+            flip, rest = float(rest[0].p), rest[1:]
+        if not all(type(step) in BATCHABLE for step in rest):
+            return None
+        return cls(height, width, flip, tuple(rest))
+
+    def draws(self, seeds: np.ndarray, side_h: int, side_w: int) -> tuple[list[int], list[int], list[bool]]:
+        """(tops, lefts, flips) for images of side_h x side_w: 24 bits each for top and left, 16 for the coin."""
+        if self.height > side_h or self.width > side_w:
+            raise ValueError(f"Required crop size {(self.height, self.width)} is larger than input image size "
+                             f"{(side_h, side_w)}: pack at data.image_size or larger")
+        seeds = np.asarray(seeds, dtype=np.uint64)
+        top = ((seeds >> np.uint64(40)) * np.uint64(side_h - self.height + 1)) >> np.uint64(24)
+        left = (((seeds >> np.uint64(16)) & np.uint64(0xFFFFFF)) * np.uint64(side_w - self.width + 1)) \
+            >> np.uint64(24)
+        flip = (seeds & np.uint64(0xFFFF)).astype(np.float64) < self.flip_p * 65536
+        return top.tolist(), left.tolist(), flip.tolist()
+
+    def finish(self, batch: torch.Tensor) -> torch.Tensor:
+        """The per-pixel steps after the crop, on the whole batch."""
+        for step in self.rest:
+            batch = step(batch)
+        return batch

@@ -18,7 +18,7 @@ from torch.utils.data import get_worker_info
 def one_torch_thread() -> Iterator[None]:
     """Run the block on one torch intra-op thread, as a DataLoader worker runs (`torch.set_num_threads(1)`), then
     give the process its thread count back. For the main process's share of the data work: a parallel region's
-    barrier waits for every thread, and with workers on the cores a thread waits for one (bench/RESULTS.md)."""
+    barrier waits for every thread, and with workers on the cores a thread waits for one."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -27,21 +27,11 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def mixed_seed(*keys: int) -> int:
-    """A well-mixed 63-bit seed from a few integers: distinct keys give unrelated streams."""
-    return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def loader_seed(base_seed: int, rank: int) -> int:
-    """The seed of one rank's loader generator: distinct per rank, the same for the same (seed, rank)."""
-    return mixed_seed(base_seed, rank)
-
-
 def init_worker(worker_id: int) -> None:
     """worker_init_fn: the worker's own seeds, and deaf to the stop signals.
 
     The DataLoader sets each worker's torch seed to base_seed + worker_id, with base_seed drawn from the loader's
-    generator (seeded per rank by `loader_seed`), so every (seed, rank, worker) gets its own augmentation stream;
+    generator (seeded per rank by seeds.loader_seed), so every (seed, rank, worker) gets its own augmentation stream;
     numpy and random get it here. Slurm signals every process of a job step and Ctrl-C the whole process group,
     workers included; a worker that died of it would be reported as failed while the main process stops cleanly
     and saves its checkpoint (train/stop.py). So workers ignore SIGINT and SIGUSR1, and take SIGTERM only from

@@ -17,7 +17,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from train.config import ConfigError, _fail, drop_worker_knobs, register, validate
-from train.data.loader import usable_cores
+from train.data.plan import usable_cores
 
 
 @dataclass

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from train.config import _fail, drop_worker_knobs
-from train.data import build_data
-from train.data.loader import effective_pin_memory, resolve_num_workers
+from train.config import _fail, drop_worker_knobs, instantiate
+from train.data import build_data, build_sources
+from train.data.plan import LoaderPlan
 from train.device import select_device
 from train.dist import DistEnv, seed_everything
 from train.metrics import MIB, EpochMeter, MemorySampler
@@ -103,10 +103,10 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     validate_tune(cfg)
     env = DistEnv()
     device = select_device(cfg.trainer.device, env)
-    num_workers = resolve_num_workers(cfg.data.num_workers, env.local_world_size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pin_memory = effective_pin_memory(cfg.data.pin_memory, device)
+        plan = LoaderPlan.from_config(cfg.data, env, device)
+    num_workers, pin_memory = plan.num_workers, plan.pin_memory
     settings = effective_settings(cfg, num_workers, pin_memory)
     config = measured_config(cfg, num_workers, pin_memory)
     record = {"job": job, "overrides": list(HydraConfig.get().overrides.task), "settings": settings,
@@ -117,11 +117,12 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
         return {**record, "status": "duplicate", "duplicate_of": duplicate}
 
     tune = cfg.tune
-    with open_dict(cfg):
-        cfg.trainer.epochs = tune.repeats  # the training path is built for exactly the epochs measured
     seed_everything(cfg.trainer.seed, env)
     sampler = MemorySampler()
-    pipeline = build_data(cfg, env, device)
+    recipe = instantiate("augment", cfg.augment)
+    pipeline = build_data(cfg.data, build_sources(cfg.dataset, cfg.data), recipe, plan, env, device,
+                          seed=cfg.trainer.seed, epochs=tune.repeats,  # exactly the epochs measured
+                          channels_last=cfg.trainer.channels_last)
     loader = pipeline.train
     if len(loader) <= tune.warmup_batches:
         _fail("tune.warmup_batches", tune.warmup_batches,
@@ -131,7 +132,7 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     step = None
     if tune.with_model:  # real training steps: the model, optimizer, precision and scaler of python -m train
         model = build_model(cfg.model, pipeline.num_classes, device, channels_last=cfg.trainer.channels_last)
-        step = TrainStep(cfg, env, device, model, total_steps=tune.repeats * len(loader))
+        step = TrainStep.from_config(cfg, env, device, model, total_steps=tune.repeats * len(loader))
         step.ddp.train()
     per_epoch = min(len(loader), tune.warmup_batches + (tune.batches or len(loader)))
     desc = f"job {job}: workers={num_workers} pin={pin_memory} persistent={cfg.data.persistent_workers}"

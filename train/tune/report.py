@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from train.data.loader import usable_cores
+from train.data.plan import usable_cores
 
 CSV_FIELDS = ("job", "status", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size",
               "image_size", "images_per_s", "images_per_s_min", "images_per_s_max", "images_per_s_spread",

@@ -1,0 +1,138 @@
+"""The one path every sample takes, from any source: seed -> note the read -> load (or cache) -> transform -> skip a
+bad sample.
+
+The DataLoader hands `Samples.__getitems__` a whole batch of keys: `(epoch, index)` from the training stream
+(stream.py), plain indices from the validation sampler. For each sample:
+1. seed: torch's CPU generator is seeded from (seed, epoch, index) alone (seeds.py), so the same sample gets the same
+   crop and flip whatever the workers, ranks and restarts; transforms must draw from torch's RNG (torchvision's do);
+2. note the read: a worker writes (pid, index, start) on the ActivityBoard, so a read that never returns is named
+   when data.timeout fires (activity.py);
+3. load: `source[index]` as a uint8 CHW tensor, or from the shared sample cache (cache.py);
+4. transform: the recipe's per-sample pipeline (augment.py, transforms.py);
+5. skip a bad sample: an unreadable one becomes None (counted by the collate) or, with data.on_bad_sample=raise,
+   an error naming its file.
+A source that crops whole batches (`read_crops`, the packed format) takes steps 3-4 a batch at a time when the
+pipeline is a CropFlipPlan, its boxes drawn from the same seeds; if that batch read fails, its samples go one by
+one, so the bad one is found and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from train.data.activity import ActivityBoard
+from train.data.cache import SharedSampleCache
+from train.data.loader import LoaderError
+from train.data.seeds import sample_seeds
+from train.data.source import Offers, Source, as_uint8_tensor, sample_name
+from train.data.transforms import CropFlipPlan
+from train.data.workers import one_torch_thread
+
+log = logging.getLogger(__name__)
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+UNREADABLE = (OSError, ValueError, RuntimeError)  # what decoding a broken file raises (PIL, libjpeg-turbo, torch)
+
+
+class BadSampleError(LoaderError):
+    """An unreadable sample under data.on_bad_sample=raise."""
+
+
+@contextmanager
+def main_process_data_work() -> Iterator[None]:
+    """num_workers=0: load samples in the main process as a DataLoader worker would, on one torch intra-op thread
+    (workers get `torch.set_num_threads(1)`: per-sample work gains nothing from more, and the idle ones spin), and
+    without touching the main process's RNG."""
+    with one_torch_thread(), torch.random.fork_rng(devices=[]):
+        yield
+
+
+def split_keys(keys: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """(epochs, indices) of a batch of `(epoch, index)` keys, or of plain indices (epoch 0)."""
+    array = np.asarray(keys, dtype=np.int64)
+    if array.ndim == 1:
+        return np.zeros_like(array), array
+    return array[:, 0], array[:, 1]
+
+
+class Samples(Dataset):
+    """`source`'s samples ready for a batch: `(image, label, index)` each, or None for an unreadable one.
+
+    `board` and `first_slot`: the ActivityBoard rows this loader's workers write (`first_slot` + worker id)."""
+
+    def __init__(self, source: Source, transform: Transform, *, seed: int, on_bad_sample: str = "warn",
+                 cache: SharedSampleCache | None = None, board: ActivityBoard | None = None, first_slot: int = 0):
+        self.source, self.transform, self.seed = source, transform, seed
+        self.on_bad_sample, self.cache, self.board, self.first_slot = on_bad_sample, cache, board, first_slot
+        self.offers = Offers.of(source)
+        batched = self.offers.read_crops and self.offers.size and self.offers.targets
+        plan = CropFlipPlan.of(transform) if batched else None
+        self.crops = plan if plan is not None and cache is None else None
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, key):
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: Sequence) -> list:
+        """The samples of one batch of keys (the DataLoader calls this with each batch)."""
+        epochs, indices = split_keys(keys)
+        seeds = sample_seeds(self.seed, epochs, indices)
+        info = get_worker_info()
+        slot = None if info is None or self.board is None else self.first_slot + info.id
+        with main_process_data_work() if info is None else nullcontext():
+            if self.crops is not None:
+                batch = self._crop_batch(indices, seeds, slot)
+                if batch is not None:
+                    return batch
+            return [self._sample(epoch, index, seed, slot) for epoch, index, seed in
+                    zip(epochs.tolist(), indices.tolist(), (seeds >> np.uint64(1)).tolist(), strict=True)]
+
+    def _sample(self, epoch: int, index: int, seed: int, slot: int | None):
+        if self.offers.set_epoch:  # curricula see each sample's own epoch
+            self.source.set_epoch(epoch)
+        torch.default_generator.manual_seed(seed)  # the CPU generator only: torch.manual_seed queues a CUDA reseed
+        if slot is not None:
+            self.board.note(slot, index)
+        try:
+            image, label = self._load(index) if self.cache is None else self.cache.fetch(index, self._load)
+        except UNREADABLE as err:
+            return self._bad(index, err)
+        finally:
+            if slot is not None:
+                self.board.clear(slot)
+        return self.transform(image), int(label), index
+
+    def _load(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = self.source[index][:2]
+        return as_uint8_tensor(image), label
+
+    def _crop_batch(self, indices: np.ndarray, seeds: np.ndarray, slot: int | None) -> list | None:
+        """The whole batch through the source's `read_crops`; None when that read fails (then one by one)."""
+        plan, size = self.crops, self.offers.size
+        tops, lefts, flips = plan.draws(seeds, size, size)
+        if slot is not None:
+            self.board.note(slot, int(indices[0]))
+        try:
+            images = self.source.read_crops(indices, tops, lefts, plan.height, plan.width, flips)
+        except UNREADABLE:
+            return None
+        finally:
+            if slot is not None:
+                self.board.clear(slot)
+        labels = self.source.targets[indices].tolist()
+        return list(zip(plan.finish(images), labels, indices.tolist(), strict=True))
+
+    def _bad(self, index: int, err: BaseException) -> None:
+        where = sample_name(self.source, index)
+        if self.on_bad_sample == "raise":
+            raise BadSampleError(f"cannot read {where}: {err} (data.on_bad_sample=warn skips such samples)") from err
+        log.warning("skipping unreadable sample %s: %s", where, err)
+        return None

@@ -1,0 +1,99 @@
+"""What a dataset (a "source") must have to train with loadout, and what it may offer; checked once, at build time.
+
+A source is a map-style dataset built from the `dataset:` config group with `split="train"` or `"val"`:
+
+    must have   classes      the class names, the same on both splits
+                __len__      the number of samples
+                __getitem__  (image, label): a PIL image or a uint8 CHW tensor, and an integer label
+    may offer   targets      every label as an int array: data.sampler=weighted, and labels without loading
+                paths        the file of each sample: names a bad or stuck sample in the log
+                min_side     a settable attribute: decode at the smallest size that still covers the resize
+                decoded      True when samples are pixels already (the sample cache has nothing to save)
+                size         the side of square stored samples (the Resize step is skipped)
+                read_crops   (indices, tops, lefts, height, width, flips) -> uint8 batch: crop and flip a whole
+                             batch at once (transforms.CropFlipPlan draws the boxes)
+                set_epoch    told each sample's epoch before it is read (curricula)
+
+Everything else a run gives every source alike (samples.py): the per-sample seeds, the sample cache, the transform,
+bad samples skipped, stuck reads named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from PIL import Image
+from torchvision.transforms.v2 import functional as F
+
+from train.config import ConfigError
+
+
+@runtime_checkable
+class Source(Protocol):
+    classes: Sequence[str]
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> tuple[Any, int]: ...
+
+
+@dataclass(frozen=True)
+class Offers:
+    """What one source offers beyond the `Source` protocol, read once when the run is built."""
+
+    targets: bool
+    paths: bool
+    min_side: bool
+    decoded: bool
+    size: int | None
+    read_crops: bool
+    set_epoch: bool
+
+    @classmethod
+    def of(cls, source: Source) -> Offers:
+        return cls(targets=hasattr(source, "targets"), paths=hasattr(source, "paths"),
+                   min_side=hasattr(source, "min_side"), decoded=bool(getattr(source, "decoded", False)),
+                   size=getattr(source, "size", None), read_crops=hasattr(source, "read_crops"),
+                   set_epoch=hasattr(source, "set_epoch"))
+
+
+def as_uint8_tensor(image) -> torch.Tensor:
+    """A source's image as the data path carries it: uint8 CHW (a PIL image is converted, RGB)."""
+    if isinstance(image, Image.Image):
+        return F.pil_to_tensor(image.convert("RGB"))
+    if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or image.dim() != 3:
+        raise TypeError(f"a dataset image must be a PIL image or a uint8 CHW tensor, got {type(image).__name__}"
+                        f"{tuple(image.shape) if isinstance(image, torch.Tensor) else ''}")
+    return image
+
+
+def sample_name(source: Source, index: int) -> str:
+    """A sample as a user finds it: its file where the source keeps paths, else its index."""
+    paths = getattr(source, "paths", None)
+    if paths is not None:
+        path = paths[index]
+        return f"{path.decode() if isinstance(path, bytes) else path} (sample {index})"
+    return f"sample {index}"
+
+
+def check_sources(target: str, train: Source, val: Source) -> None:
+    """The `Source` protocol on both splits, the same classes, and a first training sample of (image, label):
+    one line naming `dataset._target_` and what is missing, before any worker starts."""
+    for split, source in (("train", train), ("val", val)):
+        if not isinstance(source, Source):
+            raise ConfigError(f"dataset._target_={target}: the {split} split needs `classes` (the class names), "
+                              "`__len__` and `__getitem__`: a map-style dataset (train/data/source.py)")
+        if len(source) == 0:
+            raise ConfigError(f"dataset._target_={target}: the {split} split is empty")
+    if list(train.classes) != list(val.classes):
+        raise ConfigError(f"dataset._target_={target}: train and val have different classes")
+    try:
+        image, label = train[0][:2]
+        as_uint8_tensor(image)
+        int(label)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"dataset._target_={target}: dataset[0] must be (image, label) with a PIL image or a uint8 "
+                          f"CHW tensor and an integer label ({err})") from err

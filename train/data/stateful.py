@@ -1,0 +1,37 @@
+"""The one place loadout touches torchdata's StatefulDataLoader beyond its public API.
+
+torchdata is in maintenance (no new development since 2025), so its behaviour is pinned: pyproject.toml bounds its
+version and tests/test_stateful.py fails loudly the day either of the two private hooks below changes.
+- `shutdown_workers`: DataLoader has no public way to end persistent workers now; its iterator does.
+- `forget_loaded_state`: `load_state_dict` parks the state for the next `iter()`; a seek after it must drop it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+
+def stateful_loader(dataset: Dataset, **kwargs) -> StatefulDataLoader:
+    """A StatefulDataLoader, without the deprecation notice its constructor raises on torch >= 2.14
+    (`torch.set_vital`, harmless) in every run and benchmark."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return StatefulDataLoader(dataset, **kwargs)
+
+
+def shutdown_workers(loader: StatefulDataLoader) -> None:
+    """End `loader`'s worker processes now (persistent ones live as long as its iterator), as Lightning does
+    between stages. Left to the garbage collector, a reference cycle can finalize the iterator's queues first: the
+    workers never receive their exit message and each is killed only after DataLoader's join timeout."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()  # a worker stuck in a read gets SIGTERM from it (workers.init_worker lets it in)
+    loader._iterator = None
+
+
+def forget_loaded_state(loader: StatefulDataLoader) -> None:
+    """Drop a state `load_state_dict` left for the next iterator: the batch sampler's own position rules instead."""
+    loader.next_iter_state = None

@@ -1,0 +1,58 @@
+"""trainer.micro_batch_size: the slice of the optimizer's batch one forward/backward runs, and running out of memory."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class OutOfMemory(Exception):
+    """The step ran out of device memory and could not go on (no smaller micro-batch, or mid gradient sync)."""
+
+    def __init__(self, device: torch.device, batch_size: int, micro_batch_size: int, auto: bool):
+        self.device, self.batch_size, self.micro_batch_size = device, batch_size, micro_batch_size
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device) / 2**30
+            reserved = torch.cuda.memory_reserved(device) / 2**30
+            total = torch.cuda.get_device_properties(device).total_memory / 2**30
+            memory = f"peak {peak:.1f} GiB allocated, {reserved:.1f} GiB reserved of {total:.1f} GiB on {device}"
+        else:
+            memory = f"on {device}"
+        fix = ("lower data.batch_size (per GPU) or the model's size" if auto and micro_batch_size == 1 else
+               "set trainer.micro_batch_size=auto (the same optimizer batch, run in slices that fit) or lower "
+               "data.batch_size")
+        super().__init__(f"out of memory: data.batch_size={batch_size}, micro-batch {micro_batch_size}, {memory}; "
+                         f"{fix}")
+
+
+class MicroBatch:
+    """trainer.micro_batch_size as a Stateful part: the slice size reached goes into the checkpoint, so a resumed
+    run starts at the size that fit."""
+
+    def __init__(self, setting: int | str | None, batch_size: int):
+        self.auto = setting == "auto"
+        self.batch_size = batch_size
+        self.size = batch_size if setting in (None, "auto") else min(int(setting), batch_size)
+
+    def halve(self) -> bool:
+        """Halve the slice for the next try; False when it is one sample already."""
+        if self.size <= 1:
+            return False
+        self.size = max(1, self.size // 2)
+        return True
+
+    def agree(self, size: int) -> None:
+        """The smallest slice any rank reached (the loop's control all-reduce)."""
+        if 1 <= size < self.size:
+            log.info("trainer.micro_batch_size=auto: %d samples per slice (another rank ran out of memory)", size)
+            self.size = size
+
+    def state_dict(self) -> dict:
+        return {"size": self.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.auto and state.get("size"):
+            self.size = min(int(state["size"]), self.batch_size)

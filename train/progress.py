@@ -1,0 +1,46 @@
+"""Where a run is and what it was planned as: two Stateful parts of every checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+class Record:
+    """A dataclass as a Stateful checkpoint part."""
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+@dataclass
+class Progress(Record):
+    """Where the run is: restored from a checkpoint, saved into the next one."""
+
+    epoch: int = 0  # the epoch in progress (0-based)
+    step: int = 0  # optimizer steps taken in total
+    batch_in_epoch: int = 0  # batches of `epoch` already trained
+    best_val_acc: float = -1.0  # of the epochs so far: best.pt holds that epoch's weights
+
+
+@dataclass
+class Plan(Record):
+    """What the run was planned as: a resumed run is checked against it."""
+
+    epochs: int = 0
+    steps_per_epoch: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def for_run(cls, epochs: int, batches_per_epoch: int, grad_accum_steps: int, world_size: int) -> Plan:
+        return cls(epochs, max(batches_per_epoch // grad_accum_steps, 1), world_size)
+
+    @property
+    def total_steps(self) -> int:
+        """The schedule's length: trainer.max_steps only cuts a run short (smoke runs), so a run stopped by it
+        and resumed later follows the same schedule."""
+        return self.epochs * self.steps_per_epoch
