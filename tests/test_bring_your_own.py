@@ -3,6 +3,7 @@ your own from outside the package, augmentation recipes, modes and weights, and 
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -231,3 +232,85 @@ def test_the_cli_prints_the_typo_line_and_exits_2(small_run_args):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: data.num_wrkers: did you mean data.num_workers?"]
+
+
+# -- 4. the source interface (train/data/source.py) -----------------------------------------------------------
+class NoClasses(torch.utils.data.Dataset):
+    def __init__(self, split: str = "train"):
+        pass
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int):
+        return torch.zeros(3, 8, 8, dtype=torch.uint8), 0
+
+
+class FloatImages(NoClasses):
+    classes = ["a"]
+
+    def __getitem__(self, index: int):
+        return torch.zeros(3, 8, 8), 0
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("NoClasses", "the train split needs `classes` (the class names), `__len__` and `__getitem__`"),
+    ("FloatImages", "dataset[0] must be (image, label) with a PIL image or a uint8 CHW tensor"),
+])
+def test_a_source_is_checked_once_at_build_time_in_one_line(tiny_dataset, source, message):
+    cfg = compose_config(small(tiny_dataset, f"dataset._target_=tests.test_bring_your_own.{source}"))
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        build_sources(cfg.dataset, cfg.data)
+    assert str(err.value).startswith(f"dataset._target_=tests.test_bring_your_own.{source}:")
+    assert "\n" not in str(err.value)
+
+
+def test_every_source_goes_through_one_sample_path_packed_included(tiny_dataset, tmp_path):
+    """The packed format crops whole batches, still inside Samples: the stuck-read note and the bad-sample guard hold
+    for it (a batch whose read fails goes one by one, and the bad sample is skipped, named)."""
+    from scripts.pack_dataset import pack_split
+    from train.data.datasets import ImageFolderDataset
+    from train.data.packed import PackedDataset
+
+    for split in ("train", "val"):
+        pack_split(ImageFolderDataset(tiny_dataset, split), tmp_path / split, 37)
+
+    class Flaky(PackedDataset):
+        """Sample 5's pages cannot be read (a failing disk)."""
+
+        def read_crops(self, indices, *args):
+            if 5 in list(indices):
+                raise OSError("Input/output error")
+            return super().read_crops(indices, *args)
+
+        def __getitem__(self, index: int):
+            if index == 5:
+                raise OSError("Input/output error")
+            return super().__getitem__(index)
+
+    cfg = compose_config(small(tmp_path, "dataset=packed", "data.num_workers=0", "data.batch_size=8"))
+    data = data_from_config(cfg, DistEnv(), CPU)
+    train = data.samples[0]
+    assert type(train).__name__ == "Samples" and train.crops is not None
+    train.source = Flaky(tmp_path / "train")
+    batch = train.__getitems__([(0, i) for i in range(8)])
+    assert batch[5] is None and all(sample is not None for i, sample in enumerate(batch) if i != 5)
+    assert [sample[2] for sample in batch if sample is not None] == [0, 1, 2, 3, 4, 6, 7]
+
+
+def test_a_train_step_is_built_from_typed_parts_without_hydra():
+    from functools import partial
+
+    from train.config import TrainerConfig
+    from train.data.batch import Batch
+    from train.schedule import warmup_cosine
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))
+    step = TrainStep(TrainerConfig(precision="fp32"), DistEnv(), CPU, model, optimizer=partial(torch.optim.SGD, lr=0.5),
+                     schedule=warmup_cosine, batch_size=4, total_steps=10, input_shape=(3, 8, 8))
+    batch = Batch(torch.rand(4, 3, 8, 8), torch.arange(4))
+    first, updated = step(batch)
+    assert updated
+    for _ in range(5):
+        loss, _ = step(batch)
+    assert float(loss) < float(first)

@@ -20,7 +20,8 @@ from train.data.batch import Batch
 from train.data.prefetcher import DevicePrefetcher
 from train.dist import DistEnv
 from train.engine import Trainer
-from train.metrics import EpochMeter, MemorySampler, gpu_utilization
+from train.memory import MemorySampler, gpu_utilization
+from train.metrics import EpochMeter
 from train.model import build_model
 
 pytestmark = [pytest.mark.cuda,

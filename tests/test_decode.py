@@ -83,6 +83,30 @@ def test_small_images_and_other_formats_decode_whole():
     assert tuple(decode_image_file(png.getvalue(), min_side=256).shape) == (3, 1200, 1600)
 
 
+@pytest.mark.parametrize("mode", ["RGB", "CMYK"])
+def test_exif_orientation_is_not_applied_on_either_decoder_path(mode):
+    """A camera JPEG tagged "rotate 90" (EXIF orientation 6) decodes as stored, W x H, on the libjpeg-turbo path (RGB)
+    and on PIL's (CMYK, which TurboJPEG does not convert), each channel as PIL reads the file."""
+    stored = Image.fromarray(np.random.default_rng(1).integers(0, 255, (48, 64, 3), dtype=np.uint8)).convert(mode)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 CW to display
+    data = io.BytesIO()
+    stored.save(data, "JPEG", quality=95, exif=exif.tobytes())
+    decoded = decode_image_file(data.getvalue())
+    assert tuple(decoded.shape) == (3, 48, 64)  # rows x columns as stored, not 64 x 48
+    reference = torch.from_numpy(np.array(Image.open(io.BytesIO(data.getvalue())).convert("RGB"))).permute(2, 0, 1)
+    assert (decoded.int() - reference.int()).abs().max() <= 2  # libjpeg-turbo vs PIL's libjpeg: rounding at most
+    assert channels_innermost(decoded)  # HWC in memory on both paths: the ring's channels_last batches
+
+
+def test_unreadable_bytes_raise_what_the_bad_sample_guard_catches():
+    from train.data.samples import UNREADABLE
+
+    for data in (b"not an image", jpeg_bytes(Image.new("RGB", (32, 32)))[:200]):
+        with pytest.raises(UNREADABLE):
+            decode_image_file(data)
+
+
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory) -> Path:
     """10 classes x 2 photo-like JPEGs at 640 x 480: at the cpu profile's 73 px resize they decode at 1/4 scale."""

@@ -27,14 +27,15 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.conftest import ROOT, compose_config, run_cli
 from train.config import ConfigError, validate
 from train.dist import DistEnv
-from train.metrics import EpochMeter, MemorySampler
+from train.memory import MemorySampler
+from train.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY, EpochMeter
 from train.monitoring import Monitor, PrometheusSink, TensorBoardSink
 
 MONITORING = ROOT / "monitoring"
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "loadout.json"
 PROMETHEUS_YML = MONITORING / "prometheus" / "prometheus.yml"
-STEP_TAGS = {"train/loss", "train/images_per_s", "train/data_wait_frac", "memory/main_pss_mb",
-             "memory/workers_pss_mb", "memory/workers_uss_mb", "memory/peak_pss_mb", "loader/workers"}
+STEP_TAGS = {"train/loss", "train/images_per_s", "train/data_wait_frac", "memory/main_pss_bytes",
+             "memory/workers_pss_bytes", "memory/workers_uss_bytes", "memory/peak_pss_bytes", "memory/workers"}
 EPOCH_TAGS = {"epoch/train_loss", "epoch/val_acc", "epoch/images_per_s", "epoch/data_wait_frac",
               "epoch/first_batch_s", "epoch/peak_pss_mb"}
 
@@ -170,6 +171,9 @@ def test_dashboard_and_prometheus_config_parse_and_name_served_metrics(tmp_path)
         served |= {"loadout_gpu_memory_allocated_bytes", "loadout_gpu_memory_peak_bytes"}  # CUDA only
     finally:
         sink.close()
+    # ... and every name it serves comes from train/metrics.py's vocabulary (a counter adds _total, _created).
+    named = {m.prometheus for table in (WINDOW, TOTALS, EPOCH, MEMORY, WORKER_MEMORY) for m in table.values()}
+    assert {re.sub(r"_(total|created)$", "", name) for name in served if name.startswith("loadout_")} <= named
     asked = set(re.findall(r"loadout_[a-z_]+", exprs))
     assert asked <= served, asked - served
     promtool = shutil.which("promtool")

@@ -24,7 +24,7 @@ from train.data.batch import Batch
 from train.data.loader import explain_loader_error
 from train.data.stream import LoaderPositions
 from train.dist import DistEnv, all_reduce_sum, any_rank, barrier
-from train.metrics import EpochMeter, append_jsonl, reduce_over_ranks
+from train.metrics import EpochMeter, append_jsonl, epoch_line, reduce_over_ranks
 from train.monitoring import Monitor
 from train.nonfinite import Diverged
 from train.progress import Plan, Progress
@@ -34,14 +34,6 @@ from train.stop import RankAgreement, Stopped, StopSignal
 log = logging.getLogger(__name__)
 
 MEMORY_INTERVAL_S = 2.0  # how often main + workers PSS is sampled (a sample reads every process's page tables)
-
-
-def gpu_figures(record: dict) -> str:
-    """The epoch's GPU memory (peak allocated, peak reserved) and utilisation, for the log line; empty on a CPU."""
-    if "gpu_peak_mb" not in record:
-        return ""
-    util = f"  gpu_util {100 * record['gpu_util']:.0f}%" if "gpu_util" in record else ""
-    return f"  gpu_peak {record['gpu_peak_mb']:.0f} MiB  gpu_reserved {record['gpu_reserved_mb']:.0f} MiB{util}"
 
 
 class Trainer:
@@ -173,12 +165,7 @@ class Trainer:
             self._call("on_epoch_end", record)
             if self.env.is_main:
                 append_jsonl(self.metrics_path, record)
-                log.info("epoch %d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  %.0f img/s  data_wait %.1f%%  "
-                         "first_batch %.2fs  epoch %.1fs  peak_pss %.0f MiB%s%s", record["epoch"], tc.epochs,
-                         record["train_loss"], record["val_loss"], record["val_acc"], record["images_per_s"],
-                         100 * record["data_wait_frac"], record["first_batch_s"], record["epoch_s"],
-                         record["peak_pss_mb"], gpu_figures(record), f"  bad_samples {record['bad_samples']}"
-                         if record["bad_samples"] else "")
+                log.info("%s", epoch_line(record, tc.epochs))
             if self.progress.epoch < tc.epochs and not self.done():
                 self.stop_if_asked()  # a signal during validation: stop before the next epoch starts
         return records

@@ -1,175 +1,124 @@
-"""What a run measures, defined once: data wait, throughput, memory. The Trainer, the monitoring sinks, tune and
-bench all read these.
+"""What a run measures, defined once: the names of every figure, data wait, throughput. The Trainer, the monitoring
+sinks, tune and bench all read these.
+
+The vocabulary (`WINDOW`, `TOTALS`, `EPOCH`, `MEMORY`) is where a figure gets its names: its key in metrics.jsonl
+and in TensorBoard (`<section>/<key>`), its Prometheus name, and its place in the epoch's log line.
 
 Data wait is host time spent in `next(loader)`: from the end of one step (`stepped`) to the arrival of the next
 batch (`waited`). Steps are not synchronized with the device (a sync per step would stall the GPU it measures);
 an epoch's elapsed time ends after one device sync in `summary()`, so queued kernels are counted once.
 
-Memory counts each page once: PSS (proportional set size) shares a page among the processes that map it, so the
-shared-memory batch ring, the sample cache and a memory-mapped dataset count once for main + workers, where summed
-RSS counted them once per worker. USS is what a process alone holds (what ending it frees). Reading PSS walks each
-process's page tables (tens of ms for a training process), so it is sampled on a background thread, never in the
-step loop.
+Memory is train/memory.py's: PSS, each page counted once, sampled off the step loop.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import torch
 
-from train.data.shm import SHM_PATH
 from train.dist import DistEnv, all_reduce_max, all_reduce_sum
-
-MIB = 2**20
-
-
-@dataclass
-class ProcessMemory:
-    """Bytes: resident, proportional (shared pages split among their sharers) and unique to the process."""
-
-    rss: int
-    pss: int
-    uss: int
-
-    @classmethod
-    def of(cls, process: psutil.Process) -> ProcessMemory:
-        try:
-            info = process.memory_full_info()  # /proc/<pid>/smaps_rollup on Linux
-            return cls(info.rss, getattr(info, "pss", info.rss), info.uss)
-        except psutil.AccessDenied:
-            rss = process.memory_info().rss
-            return cls(rss, rss, rss)
+from train.memory import MIB, MemorySampler
 
 
-@dataclass
-class MemorySample:
-    """This process, each DataLoader worker (child pid -> memory), /dev/shm, CUDA memory on the device."""
+@dataclass(frozen=True)
+class Metric:
+    """One figure: `key` (metrics.jsonl, TensorBoard `<section>/<key>`), `doc`, `prometheus` (its name on /metrics,
+    in base units; None: not exported) and `shown` (its format in the epoch log line; None: not shown)."""
 
-    main: ProcessMemory
-    workers: dict[int, ProcessMemory]
-    shm_used: int | None = None
-    shm_total: int | None = None
-    gpu_allocated: int | None = None
-    gpu_peak: int | None = None
-    gpu_reserved: int | None = None
-    gpu_util: float | None = None  # percent of the last sample period a kernel ran (NVML), None without NVML
-
-    @property
-    def total_pss(self) -> int:
-        """Main + workers, each page once."""
-        return self.main.pss + sum(worker.pss for worker in self.workers.values())
+    key: str
+    doc: str
+    prometheus: str | None = None
+    shown: str | None = None
+    shown_when_zero: bool = True
 
 
-def gpu_utilization(device: torch.device) -> float | None:
-    """NVML's utilisation of `device` (percent), through torch (which maps CUDA_VISIBLE_DEVICES to NVML's indices);
-    None where NVML (nvidia-ml-py, the driver's libnvidia-ml) is missing."""
-    try:
-        return float(torch.cuda.utilization(device))
-    except Exception:  # ModuleNotFoundError without nvidia-ml-py, NVML's own errors without its library
-        return None
+def _table(*metrics: Metric) -> dict[str, Metric]:
+    return {metric.key: metric for metric in metrics}
 
 
-def worker_memory() -> dict[int, ProcessMemory]:
-    """Each child process (the DataLoader workers), by pid; children that just exited are left out."""
-    memory = {}
-    for child in psutil.Process().children(recursive=True):
-        try:
-            memory[child.pid] = ProcessMemory.of(child)
-        except psutil.NoSuchProcess:
-            continue
-    return memory
+# A window of steps, flushed every few seconds: TensorBoard `train/<key>`, Prometheus gauges.
+WINDOW = _table(
+    Metric("step", "Optimizer steps taken", "loadout_step"),
+    Metric("loss", "Training loss over the last window", "loadout_train_loss"),
+    Metric("images_per_s", "Training images/s over the last window", "loadout_images_per_second"),
+    Metric("data_wait_frac", "Share of the last window spent waiting for data", "loadout_data_wait_ratio"),
+    Metric("first_batch_s", "Latency of this epoch's first batch", "loadout_first_batch_seconds"),
+)
+# Running totals: Prometheus counters (rate() gives throughput and data wait over any range).
+TOTALS = _table(
+    Metric("images", "Training images processed", "loadout_images"),
+    Metric("data_wait_s", "Seconds the training loop waited for data", "loadout_data_wait_seconds"),
+    Metric("elapsed_s", "Seconds spent in the training loop", "loadout_train_seconds"),
+    Metric("bad_samples", "Samples skipped as unreadable", "loadout_bad_samples"),
+)
+# One row of metrics.jsonl an epoch: TensorBoard `epoch/<key>`, the log line, a few Prometheus gauges.
+EPOCH = _table(
+    Metric("epoch", "Epochs completed", "loadout_epoch"),
+    Metric("train_loss", "Mean training loss of the epoch", shown="train_loss {:.4f}"),
+    Metric("val_loss", "Validation loss after the epoch", "loadout_val_loss", "val_loss {:.4f}"),
+    Metric("val_acc", "Validation accuracy after the epoch", "loadout_val_accuracy", "val_acc {:.3f}"),
+    Metric("val_samples", "Validation samples counted (each once over all ranks)"),
+    Metric("images_per_s", "Training images/s over the epoch, all ranks", shown="{:.0f} img/s"),
+    Metric("data_wait_frac", "Share of the epoch spent waiting for data (slowest rank)", shown="data_wait {:.1%}"),
+    Metric("first_batch_s", "Latency of the epoch's first batch", shown="first_batch {:.2f}s"),
+    Metric("epoch_s", "Wall time of the epoch's training", shown="epoch {:.1f}s"),
+    Metric("peak_pss_mb", "Peak PSS of main + workers (MiB)", shown="peak_pss {:.0f} MiB"),
+    Metric("gpu_peak_mb", "Peak CUDA memory in tensors (MiB)", shown="gpu_peak {:.0f} MiB"),
+    Metric("gpu_reserved_mb", "Peak CUDA memory held by the allocator (MiB)", shown="gpu_reserved {:.0f} MiB"),
+    Metric("gpu_util", "Mean share of time a kernel ran (NVML)", shown="gpu_util {:.0%}"),
+    Metric("bad_samples", "Samples skipped as unreadable", shown="bad_samples {}", shown_when_zero=False),
+    Metric("skipped_steps", "Optimizer steps skipped (non-finite gradients)", shown="skipped_steps {}",
+           shown_when_zero=False),
+    Metric("images", "Training images in the epoch, all ranks"),
+    Metric("epoch_complete", "False when trainer.max_steps cut the epoch short"),
+)
+# Memory at a moment (bytes): TensorBoard `memory/<key>` at each window, Prometheus at each scrape.
+MEMORY = _table(
+    Metric("main_pss_bytes", "PSS of the training process", "loadout_main_pss_bytes"),
+    Metric("main_uss_bytes", "USS of the training process", "loadout_main_uss_bytes"),
+    Metric("workers_pss_bytes", "PSS of the DataLoader workers together"),
+    Metric("workers_uss_bytes", "USS of the DataLoader workers together"),
+    Metric("workers", "Live DataLoader worker processes", "loadout_workers"),
+    Metric("peak_pss_bytes", "Peak PSS of main + workers", "loadout_peak_pss_bytes"),
+    Metric("shm_used_bytes", "/dev/shm bytes in use", "loadout_shm_used_bytes"),
+    Metric("shm_size_bytes", "/dev/shm size", "loadout_shm_size_bytes"),
+    Metric("gpu_allocated_bytes", "CUDA memory in tensors", "loadout_gpu_memory_allocated_bytes"),
+    Metric("gpu_peak_bytes", "Peak CUDA memory in tensors", "loadout_gpu_memory_peak_bytes"),
+    Metric("gpu_reserved_bytes", "CUDA memory held by the caching allocator", "loadout_gpu_memory_reserved_bytes"),
+    Metric("gpu_utilization_ratio", "Share of the last NVML sample period a kernel ran",
+           "loadout_gpu_utilization_ratio"),
+)
+# Per worker (labelled by pid) on /metrics.
+WORKER_MEMORY = _table(
+    Metric("pss", "PSS of each DataLoader worker", "loadout_worker_pss_bytes"),
+    Metric("uss", "USS of each DataLoader worker", "loadout_worker_uss_bytes"),
+)
 
 
-def shm_used_bytes() -> int | None:
-    try:
-        return shutil.disk_usage(SHM_PATH).used
-    except OSError:  # no /dev/shm (macOS, Windows)
-        return None
+def memory_figures(sampler: MemorySampler, sample) -> dict[str, float | None]:
+    """`MEMORY`'s figures from one MemorySample (None where this machine has no such figure)."""
+    workers = sample.workers.values()
+    return {
+        "main_pss_bytes": sample.main.pss, "main_uss_bytes": sample.main.uss,
+        "workers_pss_bytes": sum(w.pss for w in workers), "workers_uss_bytes": sum(w.uss for w in workers),
+        "workers": len(sample.workers), "peak_pss_bytes": sampler.peak_pss,
+        "shm_used_bytes": sample.shm_used, "shm_size_bytes": sample.shm_total,
+        "gpu_allocated_bytes": sample.gpu_allocated, "gpu_peak_bytes": sample.gpu_peak,
+        "gpu_reserved_bytes": sample.gpu_reserved,
+        "gpu_utilization_ratio": sample.gpu_util / 100 if sample.gpu_util is not None else None,
+    }
 
 
-@dataclass
-class MemorySampler:
-    """Samples memory on demand, or every `interval_s` on a thread of its own (`start`), and keeps the peaks: main +
-    workers PSS (overall, and since the last `take_peak`), and /dev/shm use above `shm_base`."""
+def epoch_line(record: dict, epochs: int) -> str:
+    """The epoch's log line: each `EPOCH` figure with a format, in the table's order, those in `record`."""
+    shown = [metric.shown.format(record[key]) for key, metric in EPOCH.items() if metric.shown and key in record
+             and (metric.shown_when_zero or record[key])]
+    return f"epoch {record['epoch']}/{epochs}  " + "  ".join(shown)
 
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    peak_pss: int = 0
-    peak_shm: int = 0
-    shm_base: int = field(default_factory=lambda: shm_used_bytes() or 0)
-    latest: MemorySample | None = None
-    _window_peak: int = 0
-    _util_sum: float = 0.0
-    _util_count: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self, interval_s: float) -> MemorySampler:
-        """Sample every `interval_s` until `stop()` or until nothing refers to this sampler any more (a daemon
-        thread holding only a weak reference: it never keeps a process or a finished run's sampler alive)."""
-        ref, stop = weakref.ref(self), self._stop
-
-        def run() -> None:
-            while not stop.wait(interval_s):
-                sampler = ref()
-                if sampler is None:
-                    return
-                sampler.sample()
-                del sampler
-
-        if self._thread is None:
-            self._thread = threading.Thread(target=run, daemon=True, name="memory-sampler")
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """End the thread, with a last sample."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.sample()
-
-    def take_peak(self) -> int:
-        """Peak main + workers PSS since the last call (bytes); sampled now if nothing was since."""
-        if self._window_peak == 0:
-            self.sample()
-        peak, self._window_peak = self._window_peak, 0
-        return peak
-
-    def take_gpu_util(self) -> float | None:
-        """Mean GPU utilisation (percent) over the samples since the last call; None without samples or NVML."""
-        if self._util_count == 0:
-            return None
-        mean, self._util_sum, self._util_count = self._util_sum / self._util_count, 0.0, 0
-        return mean
-
-    def sample(self) -> MemorySample:
-        sample = MemorySample(main=ProcessMemory.of(psutil.Process()), workers=worker_memory())
-        try:
-            shm = shutil.disk_usage(SHM_PATH)
-            sample.shm_used, sample.shm_total = shm.used, shm.total
-            self.peak_shm = max(self.peak_shm, shm.used - self.shm_base)
-        except OSError:
-            pass
-        if self.device.type == "cuda":
-            sample.gpu_allocated = torch.cuda.memory_allocated(self.device)
-            sample.gpu_peak = torch.cuda.max_memory_allocated(self.device)
-            sample.gpu_reserved = torch.cuda.memory_reserved(self.device)
-            sample.gpu_util = gpu_utilization(self.device)
-            if sample.gpu_util is not None:
-                self._util_sum, self._util_count = self._util_sum + sample.gpu_util, self._util_count + 1
-        self.peak_pss = max(self.peak_pss, sample.total_pss)
-        self._window_peak = max(self._window_peak, sample.total_pss)
-        self.latest = sample
-        return sample
 
 
 @dataclass

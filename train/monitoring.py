@@ -24,7 +24,8 @@ from prometheus_client.registry import Collector
 
 from train.config import ConfigError
 from train.dist import DistEnv
-from train.metrics import MIB, EpochMeter, MemorySampler
+from train.memory import MemorySampler
+from train.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY, EpochMeter, memory_figures
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,11 @@ class StepWindow:
     @property
     def data_wait_frac(self) -> float:
         return min(self.data_wait_s / self.elapsed_s, 1.0) if self.elapsed_s > 0 else 0.0
+
+    def figures(self) -> dict[str, float | None]:
+        """The `WINDOW` figures (None: none this window, e.g. no loss when every sample was unreadable)."""
+        return {"step": self.step, "loss": self.loss if self.images else None, "images_per_s": self.images_per_s,
+                "data_wait_frac": self.data_wait_frac, "first_batch_s": self.first_batch_s}
 
 
 class _WindowTracker:
@@ -118,50 +124,18 @@ class _MemoryCollector(Collector):
         self.sampler, self.rank = sampler, rank
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        s = self.sampler.sample()
-
-        def gauge(name: str, doc: str, value: float | None) -> Iterator[GaugeMetricFamily]:
-            if value is not None:
-                family = GaugeMetricFamily(name, doc, labels=["rank"])
+        sample = self.sampler.sample()
+        for key, value in memory_figures(self.sampler, sample).items():
+            metric = MEMORY[key]
+            if metric.prometheus and value is not None:
+                family = GaugeMetricFamily(metric.prometheus, metric.doc, labels=["rank"])
                 family.add_metric([self.rank], value)
                 yield family
-
-        yield from gauge("loadout_main_pss_bytes", "PSS of the training process", s.main.pss)
-        yield from gauge("loadout_main_uss_bytes", "USS of the training process", s.main.uss)
-        for kind in ("pss", "uss"):
-            workers = GaugeMetricFamily(f"loadout_worker_{kind}_bytes", f"{kind.upper()} of each DataLoader worker",
-                                        labels=["rank", "pid"])
-            for pid, memory in sorted(s.workers.items()):
+        for kind, metric in WORKER_MEMORY.items():
+            workers = GaugeMetricFamily(metric.prometheus, metric.doc, labels=["rank", "pid"])
+            for pid, memory in sorted(sample.workers.items()):
                 workers.add_metric([self.rank, str(pid)], getattr(memory, kind))
             yield workers
-        yield from gauge("loadout_workers", "Live DataLoader worker processes", len(s.workers))
-        yield from gauge("loadout_peak_pss_bytes", "Peak PSS of main + workers", self.sampler.peak_pss)
-        yield from gauge("loadout_shm_used_bytes", "/dev/shm bytes in use", s.shm_used)
-        yield from gauge("loadout_shm_size_bytes", "/dev/shm size", s.shm_total)
-        yield from gauge("loadout_gpu_memory_allocated_bytes", "CUDA memory in tensors", s.gpu_allocated)
-        yield from gauge("loadout_gpu_memory_peak_bytes", "Peak CUDA memory in tensors", s.gpu_peak)
-        yield from gauge("loadout_gpu_memory_reserved_bytes", "CUDA memory held by the caching allocator",
-                         s.gpu_reserved)
-        yield from gauge("loadout_gpu_utilization_ratio", "Share of the last NVML sample period a kernel ran",
-                         s.gpu_util / 100 if s.gpu_util is not None else None)
-
-
-GAUGES = {  # key: (metric name, help)
-    "step": ("loadout_step", "Optimizer steps taken"),
-    "epoch": ("loadout_epoch", "Epochs completed"),
-    "loss": ("loadout_train_loss", "Training loss over the last window"),
-    "images_per_s": ("loadout_images_per_second", "Training images/s over the last window"),
-    "data_wait": ("loadout_data_wait_ratio", "Share of the last window spent waiting for data"),
-    "first_batch": ("loadout_first_batch_seconds", "Latency of this epoch's first batch"),
-    "val_acc": ("loadout_val_accuracy", "Validation accuracy after the last epoch"),
-    "val_loss": ("loadout_val_loss", "Validation loss after the last epoch"),
-}
-COUNTERS = {
-    "images": ("loadout_images", "Training images processed"),
-    "wait": ("loadout_data_wait_seconds", "Seconds the training loop waited for data"),
-    "train": ("loadout_train_seconds", "Seconds spent in the training loop"),
-    "bad": ("loadout_bad_samples", "Samples skipped as unreadable"),
-}
 
 
 class PrometheusSink:
@@ -175,10 +149,10 @@ class PrometheusSink:
         self.registry = CollectorRegistry(auto_describe=True)
         self.rank = rank = str(env.rank)
         # a gauge's rank child appears on its first set: no fake zeros before the first window
-        self.gauges = {key: Gauge(name, doc, labelnames=["rank"], registry=self.registry)
-                       for key, (name, doc) in GAUGES.items()}
-        self.counters = {key: Counter(name, doc, labelnames=["rank"], registry=self.registry).labels(rank)
-                         for key, (name, doc) in COUNTERS.items()}
+        self.gauges = {key: Gauge(metric.prometheus, metric.doc, labelnames=["rank"], registry=self.registry)
+                       for key, metric in (*WINDOW.items(), *EPOCH.items()) if metric.prometheus}
+        self.counters = {key: Counter(metric.prometheus, metric.doc, labelnames=["rank"],
+                                      registry=self.registry).labels(rank) for key, metric in TOTALS.items()}
         self.registry.register(_MemoryCollector(sampler, rank))
         try:
             self._server, self._thread = start_http_server(self.port, addr=host, registry=self.registry)
@@ -195,21 +169,15 @@ class PrometheusSink:
         self.gauges[key].labels(self.rank).set(value)
 
     def write(self, w: StepWindow) -> None:
-        self._set("step", w.step)
-        if w.images:
-            self._set("loss", w.loss)
-        self._set("images_per_s", w.images_per_s)
-        self._set("data_wait", w.data_wait_frac)
-        if w.first_batch_s is not None:
-            self._set("first_batch", w.first_batch_s)
-        for key, value in (("images", w.images), ("wait", w.data_wait_s), ("train", w.elapsed_s),
-                           ("bad", w.bad_samples)):
-            self.counters[key].inc(max(value, 0))
+        for key, value in w.figures().items():
+            if value is not None:
+                self._set(key, value)
+        for key in TOTALS:
+            self.counters[key].inc(max(getattr(w, key), 0))
 
     def write_epoch(self, record: dict) -> None:
-        self._set("epoch", record["epoch"])
-        for key in ("val_acc", "val_loss"):
-            if key in record:
+        for key, metric in EPOCH.items():
+            if metric.prometheus and key in record:
                 self._set(key, record[key])
 
     def close(self) -> None:
@@ -254,21 +222,9 @@ class Monitor:
             self.prometheus.write(window)
         if self.tensorboard is not None:
             mem = self.sampler.latest or self.sampler.sample()  # the sampler's thread keeps `latest` fresh
-            self.tensorboard.write(window.step, {
-                "train/loss": window.loss if window.images else None,
-                "train/images_per_s": window.images_per_s,
-                "train/data_wait_frac": window.data_wait_frac,
-                "memory/main_pss_mb": mem.main.pss / MIB,
-                "memory/workers_pss_mb": sum(w.pss for w in mem.workers.values()) / MIB,
-                "memory/workers_uss_mb": sum(w.uss for w in mem.workers.values()) / MIB,
-                "memory/peak_pss_mb": self.sampler.peak_pss / MIB,
-                "memory/shm_used_mb": mem.shm_used / MIB if mem.shm_used is not None else None,
-                "memory/gpu_allocated_mb": mem.gpu_allocated / MIB if mem.gpu_allocated is not None else None,
-                "memory/gpu_peak_mb": mem.gpu_peak / MIB if mem.gpu_peak is not None else None,
-                "memory/gpu_reserved_mb": mem.gpu_reserved / MIB if mem.gpu_reserved is not None else None,
-                "gpu/utilization": mem.gpu_util / 100 if mem.gpu_util is not None else None,
-                "loader/workers": len(mem.workers),
-            })
+            scalars = {f"train/{key}": value for key, value in window.figures().items() if key != "step"}
+            scalars.update((f"memory/{key}", value) for key, value in memory_figures(self.sampler, mem).items())
+            self.tensorboard.write(window.step, scalars)
 
     def on_epoch(self, step: int, record: dict) -> None:
         """After each epoch with its (rank-reduced) record: the epoch's last window, then every numeric field
@@ -278,8 +234,8 @@ class Monitor:
         if self.prometheus is not None:
             self.prometheus.write_epoch(record)
         if self.tensorboard is not None:
-            self.tensorboard.write(step, {f"epoch/{key}": float(value) for key, value in record.items()
-                                          if isinstance(value, int | float) and key != "epoch"})
+            self.tensorboard.write(step, {f"epoch/{key}": float(record[key]) for key in EPOCH
+                                          if key != "epoch" and isinstance(record.get(key), int | float)})
 
     def close(self) -> None:
         self.sampler.stop()

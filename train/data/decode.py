@@ -44,5 +44,5 @@ def decode_image_file(data: bytes, min_side: int | None = None) -> torch.Tensor:
         except ValueError:
             pass  # not decodable to RGB by TurboJPEG (CMYK, damaged): PIL decides
     with Image.open(io.BytesIO(data)) as image:
-        pixels = np.asarray(image.convert("RGB"))
+        pixels = np.array(image.convert("RGB"))  # writable: transforms may write in place
     return torch.from_numpy(pixels).permute(2, 0, 1)  # HWC in memory, as the JPEG path

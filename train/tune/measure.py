@@ -22,7 +22,8 @@ from train.data import build_data, build_sources
 from train.data.plan import LoaderPlan
 from train.device import select_device
 from train.dist import DistEnv, seed_everything
-from train.metrics import MIB, EpochMeter, MemorySampler
+from train.memory import MIB, MemorySampler
+from train.metrics import EpochMeter
 from train.model import build_model
 from train.step import TrainStep
 from train.tune.config import validate_tune
