@@ -5,7 +5,7 @@
     python scripts/pack_dataset.py cifar-10-batches-py data/cifar-packed --size 36
 
 Every image is made square at --size px (shorter side resized, centre crop); pick the training resize size
-(image_size * 256 / 224 by default) so training skips the Resize step. The format is in train/data/packed.py, which reads it.
+(image_size * 256 / 224 by default) so training skips the Resize step. train/data/packed.py reads the format.
 """
 
 import argparse

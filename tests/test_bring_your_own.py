@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
 from train import checkpoint
-from train.config import ConfigError, drop_worker_knobs, instantiate, validate
+from train.build import instantiate
+from train.config import ConfigError, drop_worker_knobs, validate
 from train.data import build_sources, data_from_config
 from train.data.augment import BatchMix
 from train.dist import DistEnv

@@ -59,10 +59,10 @@ def test_a_file_of_another_format_is_refused_in_one_line(trainer, tmp_path, cont
 def test_resume_with_fewer_epochs_than_begun_or_another_model_fails_in_one_line(trainer, tiny_dataset, tmp_path):
     trainer.progress.epoch = 2
     trainer.save()
-    trainer.tc.epochs = 1
+    trainer.plan.epochs = 1  # as a run with trainer.epochs=1 plans itself
     with pytest.raises(ConfigError, match="has begun epoch 2 already"):
         trainer.resume(trainer.checkpoint_path)
-    trainer.tc.epochs = 2
+    trainer.plan.epochs = 2
     cfg = small_config(tiny_dataset)
     cfg.model.name = "resnet34"
     other = Trainer.from_config(cfg, DistEnv(), CPU, trainer.data, build_model(cfg.model, 10, CPU), Path(tmp_path))

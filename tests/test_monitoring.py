@@ -296,7 +296,7 @@ def test_tensorboard_events_from_the_run(live_run):
     assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 20 and all(
         e.value > 0 for e in scalars["train/images_per_s"])
     assert all(0 <= e.value <= 1 for e in scalars["train/data_wait_frac"])
-    assert all(e.value in (2, 4) for e in scalars["loader/workers"]), "2 train workers (+2 persistent val workers)"
+    assert all(e.value in (2, 4) for e in scalars["memory/workers"]), "2 train workers (+2 persistent val workers)"
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     """Build everything from a validated config and train; returns the per-epoch records. Raises `Stopped` when
     `stop` (installed by the caller) saw a signal: the checkpoint is written and the workers have ended."""
     from train import dist
-    from train.config import instantiate
+    from train.build import instantiate
     from train.data.plan import LoaderPlan
     from train.device import describe, select_device
     from train.run_lock import RunLock
@@ -73,7 +73,7 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
     """Data, model and Trainer built from their config sections and trained (or validated), with the run dir held
     by this run."""
     from train import checkpoint, dist
-    from train.config import instantiate
+    from train.build import instantiate
     from train.data import build_data, build_sources
     from train.engine import Trainer
     from train.model import build_model

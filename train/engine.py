@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from train import checkpoint
-from train.config import ConfigError, TrainerConfig, instantiate
+from train.build import instantiate
+from train.config import ConfigError, TrainerConfig
 from train.data import DataPipeline
 from train.data.augment import Recipe
 from train.data.batch import Batch
@@ -104,14 +105,7 @@ class Trainer:
         state = checkpoint.load(path, self.device)
         progress, saved = Progress(**state["progress"]), Plan(**state["plan"])
         tc = self.tc
-        reached = progress.epoch + (progress.batch_in_epoch > 0)  # epochs begun
-        if reached > tc.epochs:
-            raise ConfigError(f"trainer.epochs={tc.epochs}: {path} has begun epoch {reached} already; use "
-                              f"trainer.epochs >= {reached} to continue it, or trainer.resume=null to start over")
-        if progress.batch_in_epoch and saved.steps_per_epoch != self.plan.steps_per_epoch:
-            raise ConfigError(f"trainer.resume: {path} stopped mid-epoch with {saved.steps_per_epoch} steps an epoch, "
-                              f"this run has {self.plan.steps_per_epoch}: resume with its data.batch_size, "
-                              "trainer.grad_accum_steps and process count")
+        self.plan.check_continues(saved, progress, path)
         parts = self.parts()
         del parts["plan"]  # this run's plan stands; the saved one was checked above
         self.load_model(parts.pop("model"), state, path)

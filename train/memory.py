@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -51,6 +52,7 @@ class MemorySample:
     gpu_peak: int | None = None
     gpu_reserved: int | None = None
     gpu_util: float | None = None  # percent of the last sample period a kernel ran (NVML), None without NVML
+    taken: float = field(default_factory=time.perf_counter)  # the clock EpochMeter times with
 
     @property
     def total_pss(self) -> int:

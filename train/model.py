@@ -10,8 +10,9 @@ import torch
 import torchvision
 from omegaconf import OmegaConf
 
+from train.build import fitted_spec, instantiate
 from train.checkpoint import read_weights_only
-from train.config import ConfigError, fitted_spec, instantiate
+from train.config import ConfigError
 
 
 def torchvision_model(name: str, num_classes: int) -> torch.nn.Module:

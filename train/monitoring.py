@@ -221,7 +221,9 @@ class Monitor:
         if self.prometheus is not None:
             self.prometheus.write(window)
         if self.tensorboard is not None:
-            mem = self.sampler.latest or self.sampler.sample()  # the sampler's thread keeps `latest` fresh
+            mem = self.sampler.latest  # the sampler's thread keeps it fresh once the loop runs
+            if mem is None or mem.taken < time.perf_counter() - window.elapsed_s:  # from before this window
+                mem = self.sampler.sample()
             scalars = {f"train/{key}": value for key, value in window.figures().items() if key != "step"}
             scalars.update((f"memory/{key}", value) for key, value in memory_figures(self.sampler, mem).items())
             self.tensorboard.write(window.step, scalars)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
+
+from train.config import ConfigError
 
 
 class Record:
@@ -44,3 +47,14 @@ class Plan(Record):
         """The schedule's length: trainer.max_steps only cuts a run short (smoke runs), so a run stopped by it
         and resumed later follows the same schedule."""
         return self.epochs * self.steps_per_epoch
+
+    def check_continues(self, saved: Plan, progress: Progress, path: Path) -> None:
+        """This run can continue a checkpoint planned as `saved` and stopped at `progress`; else one line."""
+        reached = progress.epoch + (progress.batch_in_epoch > 0)  # epochs begun
+        if reached > self.epochs:
+            raise ConfigError(f"trainer.epochs={self.epochs}: {path} has begun epoch {reached} already; use "
+                              f"trainer.epochs >= {reached} to continue it, or trainer.resume=null to start over")
+        if progress.batch_in_epoch and saved.steps_per_epoch != self.steps_per_epoch:
+            raise ConfigError(f"trainer.resume: {path} stopped mid-epoch with {saved.steps_per_epoch} steps an epoch, "
+                              f"this run has {self.steps_per_epoch}: resume with its data.batch_size, "
+                              "trainer.grad_accum_steps and process count")

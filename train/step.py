@@ -24,7 +24,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from train import precision
-from train.config import TrainerConfig, instantiate
+from train.build import instantiate
+from train.config import TrainerConfig
 from train.data.augment import BatchMix
 from train.data.batch import Batch
 from train.dist import DistEnv

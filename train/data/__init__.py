@@ -13,7 +13,8 @@ from functools import partial
 
 import torch
 
-from train.config import ConfigError, fitted_spec, instantiate
+from train.build import fitted_spec, instantiate
+from train.config import ConfigError
 from train.data.activity import ActivityBoard
 from train.data.augment import Recipe
 from train.data.cache import SharedSampleCache

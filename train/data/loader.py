@@ -18,6 +18,7 @@ from torch.utils.data import (
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from train.config import ConfigError
 from train.data.plan import LoaderPlan
 from train.data.ring import build_collate
 from train.data.seeds import SAMPLER, loader_seed, mixed_seed
@@ -50,7 +51,8 @@ class ShardSampler(Sampler[int]):
 def _class_balanced_weights(dataset: Dataset) -> torch.Tensor:
     targets = getattr(dataset, "targets", None)
     if targets is None:
-        raise ValueError("data.sampler=weighted needs a dataset with .targets")
+        raise ConfigError("data.sampler=weighted: the dataset offers no `targets` (every label as an int array, "
+                          "train/data/source.py); add them or choose another data.sampler")
     counts = np.bincount(targets)
     return torch.as_tensor(1.0 / counts[targets], dtype=torch.double)
 

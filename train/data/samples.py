@@ -78,6 +78,11 @@ class Samples(Dataset):
     def __len__(self) -> int:
         return len(self.source)
 
+    @property
+    def targets(self):
+        """The source's labels where it offers them (samplers read them), else None."""
+        return self.source.targets if self.offers.targets else None
+
     def __getitem__(self, key):
         return self.__getitems__([key])[0]
 

@@ -17,7 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from train.config import _fail, drop_worker_knobs, instantiate
+from train.build import instantiate
+from train.config import _fail, drop_worker_knobs
 from train.data import build_data, build_sources
 from train.data.plan import LoaderPlan
 from train.device import select_device
