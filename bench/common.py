@@ -22,7 +22,7 @@ from train.metrics import EpochMeter
 ROOT = Path(__file__).resolve().parents[1]
 
 DATA = Path(os.environ.get("DATA", ROOT / "data" / "synthetic"))  # the embedded set: 80 px JPEGs
-# ImageNet-sized JPEGs for the seed pipeline at its own sizes (Resize 256 -> RandomCrop 224): `make bench` makes it
+# ImageNet-sized JPEGs for Resize 256 -> RandomCrop 224 (the GPU profiles' sizes): `make bench` makes it
 SEED_DATA = Path(os.environ.get("SEED_DATA", ROOT / "data" / "synthetic-320"))
 CPU = torch.device("cpu")
 

@@ -3,7 +3,7 @@
 stock DataLoader over torchvision's ImageFolder with the same decoder and transforms, and beside this machine's
 own ceiling for two processes, all measured in the same rounds.
 
-Two sets: the seed pipeline at its own sizes (320 px JPEGs, Resize 256 -> RandomCrop 224, as on the GPU profiles),
+Two sets: 320 px JPEGs at the GPU profiles' sizes (Resize 256 -> RandomCrop 224),
 where the target applies, and the cpu profile's (the embedded 80 px JPEGs, Resize 73 -> RandomCrop 64), printed for
 reference: there an image costs ~150 us, so the per-batch hand-over weighs ten times as much.
 
@@ -48,7 +48,7 @@ BATCH, MEASURED_EPOCHS, ROUNDS, TARGET = 64, 3, 6, 1.7
 
 @dataclass(frozen=True)
 class Case:
-    """A JPEG set and the crop the seed pipeline takes from it."""
+    """A JPEG set and the crop augment=crop_flip takes from it."""
 
     name: str
     root: Path
@@ -63,7 +63,7 @@ class Case:
                 f"data.image_size={self.image_size}")
 
 
-SEED = Case("seed pipeline, 320 px JPEGs, Resize 256 -> RandomCrop 224", SEED_DATA, 224)
+SEED = Case("320 px JPEGs, Resize 256 -> RandomCrop 224", SEED_DATA, 224)
 CPU_PROFILE = Case("cpu profile, 80 px JPEGs, Resize 73 -> RandomCrop 64", DATA, 64)
 
 

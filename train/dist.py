@@ -153,7 +153,7 @@ def barrier() -> None:
 
 def seed_everything(seed: int, env: DistEnv, deterministic: bool = False) -> None:
     """The same model init on every rank (DDP also broadcasts it). Data order comes from the sampler, each
-    sample's augmentation from (seed, epoch, index) (train/data/resumable.py)."""
+    sample's augmentation from (seed, epoch, index) (train/data/samples.py)."""
     if deterministic:  # cuBLAS reads it when CUDA starts: before any CUDA call of this process
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     random.seed(seed)

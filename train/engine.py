@@ -22,9 +22,8 @@ from train.config import ConfigError, TrainerConfig
 from train.data import DataPipeline
 from train.data.augment import Recipe
 from train.data.batch import Batch
-from train.data.loader import explain_loader_error
 from train.data.stream import LoaderPositions
-from train.dist import DistEnv, all_reduce_sum, any_rank, barrier
+from train.dist import DistEnv, any_rank, barrier
 from train.metrics import EpochMeter, append_jsonl, epoch_line, reduce_over_ranks
 from train.monitoring import Monitor
 from train.nonfinite import Diverged
@@ -208,20 +207,10 @@ class Trainer:
         raise Stopped(signum, self.progress.epoch, self.progress.batch_in_epoch)
 
     def _batches(self, batches: Iterable[Batch], meter: EpochMeter, desc: str, total: int) -> Iterator[Batch]:
-        """Batches on the device, timed by `meter`; a dead worker or a timeout becomes an error naming its cause."""
+        """Batches on the device, timed by `meter`, a dead or stuck worker an error naming it (`data.explained`)."""
         show = self.tc.progress and self.env.is_main
         with tqdm(total=total, desc=desc, leave=False, disable=not show, dynamic_ncols=True) as bar:
-            iterator = iter(batches)
-            while True:
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    return
-                except RuntimeError as err:
-                    explained = explain_loader_error(err, self.data.stuck_read())
-                    if explained is None:
-                        raise
-                    raise explained from err
+            for batch in self.data.explained(batches):
                 meter.waited()
                 yield batch
                 bar.update(1)
@@ -272,13 +261,5 @@ class Trainer:
         return record
 
     def evaluate(self) -> dict:
-        self.step.ddp.eval()
-        meter = EpochMeter(self.device)
-        loss_sum, correct, count = torch.zeros((), device=self.device), torch.zeros((), device=self.device), 0
-        for batch in self._batches(self.data.val, meter, "val", len(self.data.val)):
-            if len(batch):
-                loss, right = self.step.evaluate(batch)
-                loss_sum, correct, count = loss_sum + loss, correct + right, count + len(batch)
-        sums = torch.stack([loss_sum.double(), correct.double()]).tolist()  # the one read of the device: after the loop
-        loss_sum, correct, count = all_reduce_sum([*sums, count], self.device)
-        return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1), "val_samples": int(count)}
+        batches = self._batches(self.data.val, EpochMeter(self.device), "val", len(self.data.val))
+        return self.step.evaluate_all(batches)

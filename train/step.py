@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -28,7 +28,7 @@ from train.build import instantiate
 from train.config import TrainerConfig
 from train.data.augment import BatchMix
 from train.data.batch import Batch
-from train.dist import DistEnv
+from train.dist import DistEnv, all_reduce_sum
 from train.micro_batch import MicroBatch, OutOfMemory
 from train.nonfinite import SCALE_FLOOR, Diverged, NonFiniteWatch
 
@@ -218,6 +218,19 @@ class TrainStep:
         if self.micro:
             self.optimizer.zero_grad(set_to_none=True)
             self.micro = 0
+
+    def evaluate_all(self, batches: Iterable[Batch]) -> dict:
+        """val_loss, val_acc and val_samples over `batches`, summed over all ranks (each sample counted once); the
+        device is read once, after the last batch."""
+        self.ddp.eval()
+        loss_sum, correct, count = torch.zeros((), device=self.device), torch.zeros((), device=self.device), 0
+        for batch in batches:
+            if len(batch):
+                loss, right = self.evaluate(batch)
+                loss_sum, correct, count = loss_sum + loss, correct + right, count + len(batch)
+        sums = torch.stack([loss_sum.double(), correct.double()]).tolist()
+        loss_sum, correct, count = all_reduce_sum([*sums, count], self.device)
+        return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1), "val_samples": int(count)}
 
     @torch.no_grad()
     def evaluate(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ prefetch across epoch boundaries, with a state a checkpoint keeps.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -17,8 +18,9 @@ from train.build import fitted_spec, instantiate
 from train.config import ConfigError
 from train.data.activity import ActivityBoard
 from train.data.augment import Recipe
+from train.data.batch import Batch
 from train.data.cache import SharedSampleCache
-from train.data.loader import build_val_loader
+from train.data.loader import build_val_loader, explain_loader_error
 from train.data.plan import LoaderPlan
 from train.data.prefetcher import DevicePrefetcher
 from train.data.samples import Samples
@@ -54,6 +56,22 @@ class DataPipeline:
         which, role = (train, "training") if slot < val.first_slot else (val, "validation")
         return (f"{role} worker {slot - which.first_slot} (pid {pid}) has been reading "
                 f"{sample_name(which.source, index)} for {seconds:.0f} s")
+
+    def explained(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """`batches`, with a dead worker or a timeout turned into a LoaderError naming its likely cause (for a
+        timeout, the worker and the sample it is stuck on)."""
+        iterator = iter(batches)
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except RuntimeError as err:
+                explained = explain_loader_error(err, self.stuck_read())
+                if explained is None:
+                    raise
+                raise explained from err
+            yield batch
 
     def close(self) -> None:
         """End both loaders' worker processes now."""

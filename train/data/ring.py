@@ -1,9 +1,9 @@
 """A reused shared-memory batch ring: workers stack each batch into a preallocated slot instead of a fresh segment.
 
 A stock worker's collate stacks every batch into a *new* shared-memory segment; the worker first-touches all of its
-pages and the main process receives a file descriptor, maps and later unmaps it, milliseconds a batch on small
-machines (bench/RESULTS.md). Here the main process allocates, before any worker starts, `slots` buffers of the
-largest batch per worker in one shared tensor. Worker w stacks its k-th batch into slot `k % slots` and hands over a
+pages and the main process receives a file descriptor, maps and later unmaps it (its cost: bench/RESULTS.md).
+Here the main process allocates, before any worker starts, `slots` buffers of the largest batch per worker in one
+shared tensor. Worker w stacks its k-th batch into slot `k % slots` and hands over a
 `RingBatch`: the slot's coordinates, the labels by value. Unpickling it in the main process (as the loader receives
 it, in the main thread or the pin-memory thread) copies the images out into an ordinary tensor, so nothing that
 leaves the loader aliases a slot.
