@@ -10,7 +10,7 @@ def epochs() -> tuple[float, float]:
     data = pipeline("data.num_workers=2", "trainer.epochs=2", "data.batch_size=64", f"data.cache_bytes={2**30}")
     first = images_per_s(host_batches(data, 0))
     second = images_per_s(host_batches(data, 1))
-    cache = data.train.loader.dataset.dataset.cache
+    cache = data.samples[0].cache
     assert len(cache) == cache.capacity, "the workers' writes must be visible to every process"
     return first, second
 

@@ -51,7 +51,7 @@ def loadout() -> tuple[float, float]:
 
 def stock() -> tuple[float, float]:
     with pipeline(*SETTINGS) as data:
-        dataset = data.train.loader.dataset.dataset  # the same JPEG dataset and transforms
+        dataset = data.samples[0]  # the same JPEG source, transforms and seeding
         loader = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=2, persistent_workers=True,
                             collate_fn=collate, drop_last=True)
         try:

@@ -30,9 +30,9 @@ class ListPaths:
 def growth(list_paths: bool) -> tuple[float, float]:
     """(largest relative RSS growth of a worker, largest USS growth of a worker in MiB)."""
     data = pipeline("data.num_workers=2", "data.persistent_workers=true", "trainer.epochs=3", "data.batch_size=32")
-    seeded = data.train.loader.dataset
+    samples = data.samples[0]
     if list_paths:
-        seeded.dataset = ListPaths(seeded.dataset)
+        samples.source = ListPaths(samples.source)
     start: dict[int, tuple[int, int]] = {}
     peak: dict[int, tuple[int, int]] = {}
     for index, _ in enumerate(host_batches(data)):

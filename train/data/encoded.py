@@ -1,0 +1,162 @@
+"""data.decode=device: workers ship each sample's encoded bytes and its crop box; the main process decodes the whole
+batch on the training device (torchcodec: batched nvJPEG on CUDA, libjpeg-turbo on a CPU) and resizes, crops and
+flips it there.
+
+The box is drawn in the worker (samples.py) with the same torch RNG calls the CPU pipeline makes on the image it
+would decode (transforms.DirectCompose; the DCT-scaled size where data.scaled_decode applies), from the header
+alone: a device-decoded run crops the same boxes as a CPU-decoded one of the same seed, and a resumed run the same
+pixels. A file the device decoder refuses (not a JPEG, or one nvJPEG cannot decode) is decoded on the CPU instead and
+counted (`Batch.decode_fallbacks`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from train.data.decode import JPEG_MAGIC, dct_scale, decode_image_file, image_size
+from train.data.transforms import flip_threshold, random_crop_offsets, resized_size
+
+# One sample's geometry, an int64 row: the stored size, the size the CPU path decodes at, the size its Resize gives
+# (the decoded size without one), the crop box in those coordinates, the output size, and the flip.
+STORED_H, STORED_W, DECODED_H, DECODED_W, RESIZED_H, RESIZED_W, TOP, LEFT, CROP_H, CROP_W, OUT_H, OUT_W, FLIP = \
+    range(13)
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    """What a worker hands over for one sample under data.decode=device."""
+
+    data: bytes
+    geometry: tuple[int, ...]
+
+
+@dataclass
+class Encoded:
+    """A batch's encoded files back to back in `data` (uint8), file i at offsets[i]:offsets[i + 1], and their
+    geometry rows (n, 13)."""
+
+    data: torch.Tensor
+    offsets: np.ndarray
+    geometry: np.ndarray
+
+    @classmethod
+    def join(cls, samples: list[EncodedSample], out: torch.Tensor | None = None) -> Encoded:
+        """The samples' bytes concatenated (into `out`, a ring slot, when given)."""
+        sizes = [len(sample.data) for sample in samples]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        data = torch.empty(int(offsets[-1]), dtype=torch.uint8) if out is None else out[:int(offsets[-1])]
+        view = data.numpy()
+        for sample, start, stop in zip(samples, offsets[:-1], offsets[1:], strict=True):
+            view[start:stop] = np.frombuffer(sample.data, dtype=np.uint8)
+        return cls(data, offsets, np.array([sample.geometry for sample in samples], dtype=np.int64))
+
+    def files(self) -> list[torch.Tensor]:
+        return [self.data[start:stop] for start, stop in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+
+
+class BoxPlan:
+    """The geometry of a pipeline [Resize] -> RandomCrop | CenterCrop -> [RandomHorizontalFlip], or RandomResizedCrop
+    -> [RandomHorizontalFlip]: what data.decode=device can run on the device."""
+
+    def __init__(self, resize: int | None, crop, flip_p: float):
+        self.resize, self.crop, self.flip = resize, crop, flip_threshold(flip_p) if flip_p else None
+
+    @classmethod
+    def of(cls, transform) -> BoxPlan | None:
+        steps = list(transform.transforms) if isinstance(transform, v2.Compose) else [transform]
+        resize = None
+        if steps and type(steps[0]) is v2.Resize and len(steps[0].size) == 1 and steps[0].max_size is None:
+            resize, steps = steps[0].size[0], steps[1:]
+        if not steps or type(steps[0]) not in (v2.RandomCrop, v2.CenterCrop, v2.RandomResizedCrop):
+            return None
+        crop, steps = steps[0], steps[1:]
+        if type(crop) is v2.RandomCrop and (crop.padding is not None or crop.pad_if_needed):
+            return None
+        if type(crop) is v2.RandomResizedCrop and resize is not None:
+            return None
+        flip = 0.0
+        if steps and type(steps[0]) is v2.RandomHorizontalFlip:
+            flip, steps = steps[0].p, steps[1:]
+        return None if steps else cls(resize, crop, flip)
+
+    def draw(self, stored: tuple[int, int], min_side: int | None) -> tuple[int, ...]:
+        """The geometry row of an image stored at `stored` (H, W), drawn from torch's RNG as the CPU pipeline draws
+        (the caller seeds it)."""
+        height, width = stored
+        scale = dct_scale(width, height, min_side)
+        decoded = (math.ceil(height / scale), math.ceil(width / scale))
+        resized = resized_size(decoded, self.resize) if self.resize else decoded
+        crop = self.crop
+        if type(crop) is v2.RandomResizedCrop:
+            params = crop.make_params([torch.empty(()).expand(3, *resized)])  # its draws need the size alone
+            box, out = (params["top"], params["left"], params["height"], params["width"]), tuple(crop.size)
+        else:
+            crop_h, crop_w = crop.size
+            if resized[0] < crop_h or resized[1] < crop_w:
+                raise ValueError(f"Required crop size {(crop_h, crop_w)} is larger than input image size {resized}.")
+            if type(crop) is v2.RandomCrop:
+                top, left = random_crop_offsets(*resized, crop_h, crop_w)
+            else:
+                top, left = int(round((resized[0] - crop_h) / 2.0)), int(round((resized[1] - crop_w) / 2.0))
+            box, out = (top, left, crop_h, crop_w), (crop_h, crop_w)
+        flip = self.flip is not None and torch.rand(1).item() < self.flip
+        return (*stored, *decoded, *resized, *box, *out, int(flip))
+
+
+def sample_geometry(plan: BoxPlan, data: bytes, min_side: int | None) -> tuple[int, ...]:
+    """`plan` drawn for the encoded file `data` (its header read, nothing decoded)."""
+    return plan.draw(image_size(data), min_side)
+
+
+class DeviceDecoder:
+    """Encoded batches to uint8 (N, 3, H, W) images on `device`; `fallbacks` counts the files decoded on the CPU."""
+
+    def __init__(self, device: torch.device):
+        from torchcodec.decoders import decode_jpeg  # checked at build time (config: data.decode)
+
+        self.device, self.decode_jpeg = device, decode_jpeg
+
+    def __call__(self, encoded: Encoded) -> tuple[torch.Tensor, int]:
+        files = encoded.files()
+        jpeg = [bytes(f[:3].numpy()) == JPEG_MAGIC for f in files]
+        images: list[torch.Tensor | None] = [None] * len(files)
+        batch = [i for i, is_jpeg in enumerate(jpeg) if is_jpeg]
+        try:
+            for i, image in zip(batch, self.decode_jpeg([files[i] for i in batch], device=self.device), strict=True):
+                images[i] = image
+        except RuntimeError:  # one file the batched decoder refuses fails the batch: each on its own
+            for i in batch:
+                try:
+                    images[i] = self.decode_jpeg(files[i], device=self.device)
+                except RuntimeError:
+                    pass
+        fallbacks = 0
+        for i, image in enumerate(images):
+            if image is None:  # not a JPEG, or refused: libjpeg-turbo / PIL on the host, whole
+                images[i] = decode_image_file(files[i].numpy().tobytes()).to(self.device)
+                fallbacks += 1
+        return torch.stack([place(image, row) for image, row in zip(images, encoded.geometry.tolist(),
+                                                                      strict=True)]), fallbacks
+
+
+def place(image: torch.Tensor, row: list[int]) -> torch.Tensor:
+    """One decoded image (stored size) through its geometry row: resized as the CPU path resizes, cropped, flipped."""
+    stored, decoded, resized = (row[STORED_H], row[STORED_W]), (row[DECODED_H], row[DECODED_W]), \
+        (row[RESIZED_H], row[RESIZED_W])
+    top, left, crop_h, crop_w = row[TOP], row[LEFT], row[CROP_H], row[CROP_W]
+    if resized != stored and resized != decoded:  # a Resize step
+        image = F.resize(image, list(resized), antialias=True)
+    elif resized != stored:  # the CPU path decodes DCT-scaled and crops there: the same box at the stored size
+        scale_h, scale_w = stored[0] / decoded[0], stored[1] / decoded[1]
+        top, left = round(top * scale_h), round(left * scale_w)
+        crop_h, crop_w = round(crop_h * scale_h), round(crop_w * scale_w)
+    image = image[:, top:top + crop_h, left:left + crop_w]
+    if (crop_h, crop_w) != (row[OUT_H], row[OUT_W]):  # RandomResizedCrop
+        image = F.resize(image, [row[OUT_H], row[OUT_W]], antialias=True)
+    return image.flip(-1) if row[FLIP] else image
