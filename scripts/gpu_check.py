@@ -7,8 +7,9 @@ In order, each part with a time limit and each failure named in the summary:
 1. the packages loadout needs import (one line naming any missing), torch >= 2.6 and torchvision >= 0.21;
 2. CUDA is usable (else one line with the likely cause: no driver, a driver older than torch's CUDA build, ...);
 3. the CUDA tests (`pytest -m cuda`);
-4. each GPU profile (rtx3060, rtx4080, a100, a100 + torch.compile) trains several epochs on one GPU: the first
-   epoch (worker start-up, cuDNN autotuning, compilation) is reported as warm-up, the rest as the figures;
+4. each GPU profile (rtx3060, rtx4080, a100, a100 + torch.compile, a100 + data.decode=device) trains several
+   epochs on one GPU: the first epoch (worker start-up, cuDNN autotuning, compilation) is reported as warm-up, the
+   rest as the figures;
 5. NCCL: two processes under torchrun when there are two GPUs; with one, a one-process group forced through
    init_process_group("nccl") that all-reduces and trains a DDP step;
 6. bench/gpu_prefetch.py.
@@ -40,6 +41,7 @@ RUNS = {
     "rtx4080": ["hardware=rtx4080"],
     "a100": ["hardware=a100"],
     "a100 + compile": ["hardware=a100", "trainer.compile=true"],
+    "a100 + decode on the GPU": ["hardware=a100", "data.decode=device"],
 }
 TIMEOUTS = {"dataset": 900, "cuda tests": 900, "run": 900, "nccl": 600, "gpu_prefetch": 900}
 # import name -> the package to install

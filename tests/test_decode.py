@@ -100,7 +100,7 @@ def test_exif_orientation_is_not_applied_on_either_decoder_path(mode):
 
 
 def test_unreadable_bytes_raise_what_the_bad_sample_guard_catches():
-    from train.data.samples import UNREADABLE
+    from train.data.decode import UNREADABLE
 
     for data in (b"not an image", jpeg_bytes(Image.new("RGB", (32, 32)))[:200]):
         with pytest.raises(UNREADABLE):

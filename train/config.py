@@ -70,6 +70,9 @@ class DataConfig:
     scaled_decode: bool = True  # decode large JPEGs at the DCT scale (1/2, 1/4, 1/8) the resize needs, not whole
     cache_bytes: int = 0  # shared-memory cache of decoded training samples (JPEG datasets); 0 = off
     on_bad_sample: str = "warn"  # warn (skip and count) | raise
+    # cpu: workers decode | device: workers ship encoded bytes, the batch is decoded on the training device
+    # (torchcodec: batched nvJPEG on CUDA; train/data/encoded.py)
+    decode: str = "cpu"
 
 
 @dataclass
@@ -173,6 +176,14 @@ def validate(cfg: Any) -> None:
         _fail("data.multiprocessing_context", data.multiprocessing_context, "choose null, fork, spawn or forkserver")
     if data.on_bad_sample not in ("warn", "raise"):
         _fail("data.on_bad_sample", data.on_bad_sample, "choose warn or raise")
+    if data.decode not in ("cpu", "device"):
+        _fail("data.decode", data.decode, "choose cpu (workers decode) or device (decoded on the training device)")
+    if data.decode == "device" and not data.device_transforms:
+        _fail("data.decode", data.decode, "decoded on the device, images are normalized there too: set "
+              "data.device_transforms=true")
+    if data.decode == "device" and data.cache_bytes:
+        _fail("data.cache_bytes", data.cache_bytes, "the sample cache holds CPU-decoded pixels: set it to 0 with "
+              "data.decode=device")
     nw = data.num_workers
     if not (nw == "auto" or (isinstance(nw, int) and not isinstance(nw, bool))):
         _fail("data.num_workers", nw, "use an integer >= 0 or auto")

@@ -233,7 +233,8 @@ class Trainer:
             except Diverged as err:
                 self.diverge(str(err))
             self.progress.step += updated
-            meter.stepped(len(batch), loss, batch.bad)  # no .item(): the GPU is not synced every step
+            # no .item(): the GPU is not synced every step
+            meter.stepped(len(batch), loss, batch.bad, batch.decode_fallbacks)
             self.monitor.on_step(self.progress.step, meter)
             if not updated:
                 continue

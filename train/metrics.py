@@ -71,6 +71,8 @@ EPOCH = _table(
     Metric("gpu_reserved_mb", "Peak CUDA memory held by the allocator (MiB)", shown="gpu_reserved {:.0f} MiB"),
     Metric("gpu_util", "Mean share of time a kernel ran (NVML)", shown="gpu_util {:.0%}"),
     Metric("bad_samples", "Samples skipped as unreadable", shown="bad_samples {}", shown_when_zero=False),
+    Metric("decode_fallbacks", "Files the device decoder refused, decoded on the CPU (data.decode=device)",
+           shown="decode_fallbacks {}", shown_when_zero=False),
     Metric("skipped_steps", "Optimizer steps skipped (non-finite gradients)", shown="skipped_steps {}",
            shown_when_zero=False),
     Metric("images", "Training images in the epoch, all ranks"),
@@ -135,6 +137,7 @@ class EpochMeter:
     images: int = 0
     steps: int = 0
     bad_samples: int = 0
+    decode_fallbacks: int = 0
     _loss_sum: torch.Tensor | float = 0.0  # kept on the loss's device: no sync per step
     _mark: float = 0.0
 
@@ -150,11 +153,12 @@ class EpochMeter:
             self.first_batch_s = now - self.start
         self._mark = now
 
-    def stepped(self, batch_size: int, loss: torch.Tensor | float = 0.0, bad: int = 0) -> None:
+    def stepped(self, batch_size: int, loss: torch.Tensor | float = 0.0, bad: int = 0, fallbacks: int = 0) -> None:
         self.images += batch_size
         self.steps += 1
         self._loss_sum = self._loss_sum + loss * batch_size
         self.bad_samples += bad
+        self.decode_fallbacks += fallbacks
         self._mark = time.perf_counter()
 
     def restart(self) -> None:
@@ -162,7 +166,8 @@ class EpochMeter:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.start = self._mark = time.perf_counter()
-        self.data_wait_s, self.images, self.steps, self.bad_samples, self._loss_sum = 0.0, 0, 0, 0, 0.0
+        self.data_wait_s, self.images, self.steps, self._loss_sum = 0.0, 0, 0, 0.0
+        self.bad_samples = self.decode_fallbacks = 0
 
     @property
     def loss_sum(self) -> float:
@@ -188,6 +193,7 @@ class EpochMeter:
             "epoch_s": elapsed,
             "peak_pss_mb": self.memory.take_peak() / MIB if self.memory is not None else float("nan"),
             "bad_samples": self.bad_samples,
+            "decode_fallbacks": self.decode_fallbacks,
             "images": self.images,
             **gpu,
         }
@@ -198,10 +204,11 @@ def reduce_over_ranks(stats: dict, env: DistEnv, device: torch.device) -> dict:
     memory."""
     if not env.distributed:
         return stats
-    loss_sum, images, images_per_s, bad = all_reduce_sum(
-        [stats["train_loss"] * stats["images"], stats["images"], stats["images_per_s"], stats["bad_samples"]], device)
+    loss_sum, images, images_per_s, bad, fallbacks = all_reduce_sum(
+        [stats["train_loss"] * stats["images"], stats["images"], stats["images_per_s"], stats["bad_samples"],
+         stats["decode_fallbacks"]], device)
     stats.update(train_loss=loss_sum / max(images, 1), images=int(images), images_per_s=images_per_s,
-                 bad_samples=int(bad))
+                 bad_samples=int(bad), decode_fallbacks=int(fallbacks))
     for key in ("data_wait_frac", "first_batch_s", "epoch_s", "peak_pss_mb", "gpu_peak_mb", "gpu_reserved_mb"):
         if key in stats:
             stats[key] = all_reduce_max(stats[key], device)

@@ -20,6 +20,7 @@ from train.data.activity import ActivityBoard
 from train.data.augment import Recipe
 from train.data.batch import Batch
 from train.data.cache import SharedSampleCache
+from train.data.encoded import device_decoding
 from train.data.loader import build_val_loader, explain_loader_error
 from train.data.plan import LoaderPlan
 from train.data.prefetcher import DevicePrefetcher
@@ -117,17 +118,21 @@ def build_data(data, sources: tuple[Source, Source], recipe: Recipe, plan: Loade
     train, val = sources
     cache = _sample_cache(data, train)
     stored = Offers.of(train).size  # the side of square stored samples (packed): no Resize for them
-    train_transform = recipe.train_transform(data, resize_size(data) if cache is not None else stored)
+    transforms = (recipe.train_transform(data, resize_size(data) if cache is not None else stored),
+                  build_val_transform(data, stored))
+    boxes, decoder = (None, None), None
+    if data.decode == "device":
+        boxes, plan, decoder = device_decoding(sources, transforms, plan, device)
     board = ActivityBoard(2 * plan.num_workers) if plan.num_workers else None
     common = dict(seed=seed, on_bad_sample=data.on_bad_sample, board=board)
-    samples = (Samples(train, train_transform, cache=cache, **common),
-               Samples(val, build_val_transform(data, stored), first_slot=plan.num_workers, **common))
+    samples = (Samples(train, transforms[0], cache=cache, encoded=boxes[0], **common),
+               Samples(val, transforms[1], first_slot=plan.num_workers, encoded=boxes[1], **common))
     warn_if_shm_too_small(plan.shm_bytes)
     val_loader = build_val_loader(samples[1], plan, data, env, seed)
     # no reference back to the pipeline: the stream holds this, and a cycle would leave its workers to the collector
     to_device = partial(DevicePrefetcher, device=device, normalize=data.device_transforms,
                         channels_last=channels_last, non_blocking=data.non_blocking,
-                        beside_workers=plan.num_workers > 0)
+                        beside_workers=plan.num_workers > 0, decoder=decoder)
     train_stream = build_train_stream(samples[0], plan, data, env, seed=seed, epochs=epochs, to_device=to_device)
     return DataPipeline(train_stream, to_device(val_loader), len(train.classes), plan, samples)
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
+from train.data.encoded import EMPTY_IMAGES, Encoded, EncodedSample
+
 
 @dataclass
 class Batch:
@@ -24,13 +26,19 @@ class Batch:
     indices: torch.Tensor | None = None
     bad: int = 0
     position: dict | None = None
+    encoded: Encoded | None = None  # data.decode=device: the files to decode on the device (images empty till then)
+    decode_fallbacks: int = 0  # of those, the files the device decoder refused, decoded on the CPU
 
     def __len__(self) -> int:
-        return self.images.shape[0] if self.images.dim() else 0
+        return self.targets.shape[0]
 
     def pin_memory(self) -> Batch:
         """DataLoader's pin-memory thread calls this on custom batch types (torch.utils.data docs)."""
-        return dataclasses.replace(self, images=self.images.pin_memory(), targets=self.targets.pin_memory())
+        encoded = self.encoded
+        if encoded is not None:
+            encoded = dataclasses.replace(encoded, data=encoded.data.pin_memory())
+        return dataclasses.replace(self, images=self.images.pin_memory(), targets=self.targets.pin_memory(),
+                                   encoded=encoded)
 
 
 def empty_batch(bad: int) -> Batch:
@@ -92,4 +100,6 @@ def collate(samples: list) -> Batch:
         return empty_batch(bad)
     images = [sample[0] for sample in good]
     targets, indices = collate_labels(good)
+    if isinstance(images[0], EncodedSample):
+        return Batch(EMPTY_IMAGES, targets, indices, bad, encoded=Encoded.join(images))
     return Batch(stack_images(images) if stackable(images) else default_collate(images), targets, indices, bad)

@@ -44,8 +44,12 @@ class ImageFolderDataset(Dataset):
         return len(self.targets)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return decode_image_file(self.read_bytes(index), self.min_side), int(self.targets[index])
+
+    def read_bytes(self, index: int) -> bytes:
+        """The encoded file (data.decode=device decodes it on the training device)."""
         with open(self.paths[index].decode(), "rb") as f:
-            return decode_image_file(f.read(), self.min_side), int(self.targets[index])
+            return f.read()
 
 
 class Cifar10Dataset(Dataset):

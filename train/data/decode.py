@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+UNREADABLE = (OSError, ValueError, RuntimeError)  # what decoding a broken file raises (PIL, libjpeg-turbo, torch)
 SCALES = (8, 4, 2)  # the power-of-two DCT scalings; libjpeg's other M/8 factors decode slower than whole
 
 
@@ -46,3 +47,15 @@ def decode_image_file(data: bytes, min_side: int | None = None) -> torch.Tensor:
     with Image.open(io.BytesIO(data)) as image:
         pixels = np.array(image.convert("RGB"))  # writable: transforms may write in place
     return torch.from_numpy(pixels).permute(2, 0, 1)  # HWC in memory, as the JPEG path
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(H, W) of an encoded image from its header alone (a JPEG's through libjpeg-turbo, others' through PIL)."""
+    if data[:3] == JPEG_MAGIC:
+        try:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            return height, width
+        except ValueError:
+            pass
+    with Image.open(io.BytesIO(data)) as image:
+        return image.height, image.width

@@ -11,6 +11,9 @@ counted (`Batch.decode_fallbacks`).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 
@@ -19,13 +22,19 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from train.data.decode import JPEG_MAGIC, dct_scale, decode_image_file, image_size
+from train.config import ConfigError
+from train.data.decode import JPEG_MAGIC, UNREADABLE, dct_scale, decode_image_file, image_size
+from train.data.plan import LoaderPlan
 from train.data.transforms import flip_threshold, random_crop_offsets, resized_size
 
+log = logging.getLogger(__name__)
+EMPTY_IMAGES = torch.empty(0, dtype=torch.uint8)  # an encoded batch's images, until the device decodes them
+
 # One sample's geometry, an int64 row: the stored size, the size the CPU path decodes at, the size its Resize gives
-# (the decoded size without one), the crop box in those coordinates, the output size, and the flip.
-STORED_H, STORED_W, DECODED_H, DECODED_W, RESIZED_H, RESIZED_W, TOP, LEFT, CROP_H, CROP_W, OUT_H, OUT_W, FLIP = \
-    range(13)
+# (the decoded size without one), the crop box in those coordinates, the output size, the flip, and whether the
+# pipeline resizes before it crops.
+STORED_H, STORED_W, DECODED_H, DECODED_W, RESIZED_H, RESIZED_W, TOP, LEFT, CROP_H, CROP_W, OUT_H, OUT_W, FLIP, \
+    RESIZES = range(14)
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,7 @@ class EncodedSample:
 @dataclass
 class Encoded:
     """A batch's encoded files back to back in `data` (uint8), file i at offsets[i]:offsets[i + 1], and their
-    geometry rows (n, 13)."""
+    geometry rows (n, 14)."""
 
     data: torch.Tensor
     offsets: np.ndarray
@@ -106,7 +115,7 @@ class BoxPlan:
                 top, left = int(round((resized[0] - crop_h) / 2.0)), int(round((resized[1] - crop_w) / 2.0))
             box, out = (top, left, crop_h, crop_w), (crop_h, crop_w)
         flip = self.flip is not None and torch.rand(1).item() < self.flip
-        return (*stored, *decoded, *resized, *box, *out, int(flip))
+        return (*stored, *decoded, *resized, *box, *out, int(flip), int(self.resize is not None))
 
 
 def sample_geometry(plan: BoxPlan, data: bytes, min_side: int | None) -> tuple[int, ...]:
@@ -115,14 +124,15 @@ def sample_geometry(plan: BoxPlan, data: bytes, min_side: int | None) -> tuple[i
 
 
 class DeviceDecoder:
-    """Encoded batches to uint8 (N, 3, H, W) images on `device`; `fallbacks` counts the files decoded on the CPU."""
+    """Encoded batches to uint8 (N, 3, H, W) images on `device`, with the number of files decoded on the CPU and
+    the positions of those no decoder could read (their header was whole, the rest not): the caller drops them."""
 
     def __init__(self, device: torch.device):
         from torchcodec.decoders import decode_jpeg  # checked at build time (config: data.decode)
 
         self.device, self.decode_jpeg = device, decode_jpeg
 
-    def __call__(self, encoded: Encoded) -> tuple[torch.Tensor, int]:
+    def __call__(self, encoded: Encoded) -> tuple[torch.Tensor, int, list[int]]:
         files = encoded.files()
         jpeg = [bytes(f[:3].numpy()) == JPEG_MAGIC for f in files]
         images: list[torch.Tensor | None] = [None] * len(files)
@@ -132,17 +142,20 @@ class DeviceDecoder:
                 images[i] = image
         except RuntimeError:  # one file the batched decoder refuses fails the batch: each on its own
             for i in batch:
-                try:
+                with contextlib.suppress(RuntimeError):  # left None: decoded on the host below
                     images[i] = self.decode_jpeg(files[i], device=self.device)
-                except RuntimeError:
-                    pass
-        fallbacks = 0
+        fallbacks, unreadable = 0, []
         for i, image in enumerate(images):
             if image is None:  # not a JPEG, or refused: libjpeg-turbo / PIL on the host, whole
-                images[i] = decode_image_file(files[i].numpy().tobytes()).to(self.device)
-                fallbacks += 1
-        return torch.stack([place(image, row) for image, row in zip(images, encoded.geometry.tolist(),
-                                                                      strict=True)]), fallbacks
+                try:
+                    images[i] = decode_image_file(files[i].numpy().tobytes()).to(self.device)
+                    fallbacks += 1
+                except UNREADABLE as err:
+                    log.warning("skipping unreadable sample %d of the batch (decode on the device): %s", i, err)
+                    unreadable.append(i)
+        rows = encoded.geometry.tolist()
+        placed = [place(image, row) for image, row in zip(images, rows, strict=True) if image is not None]
+        return (torch.stack(placed) if placed else EMPTY_IMAGES.to(self.device)), fallbacks, unreadable
 
 
 def place(image: torch.Tensor, row: list[int]) -> torch.Tensor:
@@ -150,9 +163,9 @@ def place(image: torch.Tensor, row: list[int]) -> torch.Tensor:
     stored, decoded, resized = (row[STORED_H], row[STORED_W]), (row[DECODED_H], row[DECODED_W]), \
         (row[RESIZED_H], row[RESIZED_W])
     top, left, crop_h, crop_w = row[TOP], row[LEFT], row[CROP_H], row[CROP_W]
-    if resized != stored and resized != decoded:  # a Resize step
+    if row[RESIZES]:  # the CPU path resizes what it decoded to `resized`: so does this, from the stored size
         image = F.resize(image, list(resized), antialias=True)
-    elif resized != stored:  # the CPU path decodes DCT-scaled and crops there: the same box at the stored size
+    elif decoded != stored:  # the CPU path decodes DCT-scaled and crops there: the same box at the stored size
         scale_h, scale_w = stored[0] / decoded[0], stored[1] / decoded[1]
         top, left = round(top * scale_h), round(left * scale_w)
         crop_h, crop_w = round(crop_h * scale_h), round(crop_w * scale_w)
@@ -160,3 +173,28 @@ def place(image: torch.Tensor, row: list[int]) -> torch.Tensor:
     if (crop_h, crop_w) != (row[OUT_H], row[OUT_W]):  # RandomResizedCrop
         image = F.resize(image, [row[OUT_H], row[OUT_W]], antialias=True)
     return image.flip(-1) if row[FLIP] else image
+
+
+def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device: torch.device) \
+        -> tuple[tuple[BoxPlan, BoxPlan], LoaderPlan, DeviceDecoder]:
+    """data.decode=device, checked before any worker starts: each split's BoxPlan, the loader plan with room for a
+    batch of encoded files in the ring, and the decoder; what cannot run fails in one line."""
+    for source in sources:
+        if not (hasattr(source, "read_bytes") and hasattr(source, "targets")):
+            raise ConfigError(f"data.decode=device: {type(source).__name__} offers no `read_bytes` and `targets` "
+                              "(train/data/source.py), so it has no encoded files to ship; use data.decode=cpu")
+    boxes = tuple(BoxPlan.of(transform) for transform in transforms)
+    if None in boxes:
+        raise ConfigError("data.decode=device: the device runs [Resize ->] RandomCrop or CenterCrop -> flip, or "
+                          "RandomResizedCrop -> flip (augment=crop_flip or imagenet); this recipe has other steps: "
+                          "use data.decode=cpu")
+    try:
+        decoder = DeviceDecoder(device)
+    except ImportError as err:
+        raise ConfigError(f"data.decode=device needs torchcodec ({err}): pip install -c constraints.txt torchcodec, "
+                          "or use data.decode=cpu") from err
+    train = sources[0]
+    probe = np.linspace(0, len(train) - 1, num=min(len(train), 64)).astype(int).tolist()
+    largest = max(len(train.read_bytes(index)) for index in probe)
+    # a batch of the largest files seen, twice over; a larger batch takes the plain collate (ring.py warns)
+    return boxes, dataclasses.replace(plan, encoded_batch_bytes=2 * largest * plan.batch_size), decoder

@@ -88,6 +88,7 @@ class LoaderPlan:
     pin_memory: bool
     image_size: int
     dtype: torch.dtype  # of the images a worker hands over: uint8 (data.device_transforms) or float32
+    encoded_batch_bytes: int = 0  # data.decode=device: room for one batch of encoded files (0: workers decode)
 
     @classmethod
     def from_config(cls, data, env: DistEnv, device: torch.device, typed_workers: bool = True) -> LoaderPlan:
@@ -97,8 +98,15 @@ class LoaderPlan:
                    data.image_size, torch.uint8 if data.device_transforms else torch.float32)
 
     @property
-    def batch_shape(self) -> tuple[int, int, int, int]:
+    def batch_shape(self) -> tuple[int, ...]:
+        """The largest batch a worker hands over: images, or a batch of encoded files (data.decode=device)."""
+        if self.encoded_batch_bytes:
+            return (self.encoded_batch_bytes,)
         return (self.batch_size, 3, self.image_size, self.image_size)
+
+    @property
+    def batch_dtype(self) -> torch.dtype:
+        return torch.uint8 if self.encoded_batch_bytes else self.dtype
 
     @property
     def ring_slots(self) -> int:
@@ -107,7 +115,7 @@ class LoaderPlan:
     @property
     def shm_bytes(self) -> int:
         """The /dev/shm a run holds: a ring for each of its two loaders (training, validation)."""
-        batch_bytes = math.prod(self.batch_shape) * self.dtype.itemsize
+        batch_bytes = math.prod(self.batch_shape) * self.batch_dtype.itemsize
         return 2 * loader_shm_bytes(self.num_workers, self.prefetch_factor, batch_bytes)
 
     def loader_kwargs(self, data) -> dict:

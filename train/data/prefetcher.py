@@ -10,7 +10,7 @@ timm's PrefetchLoader, and like it applied alike to the training and the validat
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 
 import torch
@@ -26,11 +26,12 @@ class DevicePrefetcher:
     with that batch, whatever this prefetcher has drawn ahead.
 
     `beside_workers`: the loader's worker processes hold the cores, so on CPU each batch is converted on one torch
-    thread (the model keeps its threads)."""
+    thread (the model keeps its threads). `decoder` (data.decode=device): decodes a batch of encoded files on the
+    device first (encoded.DeviceDecoder), on the same side stream."""
 
     def __init__(self, loader: Iterable, device: torch.device, *, normalize: bool, channels_last: bool,
-                 non_blocking: bool = True, beside_workers: bool = False):
-        self.loader = loader
+                 non_blocking: bool = True, beside_workers: bool = False, decoder: Callable | None = None):
+        self.loader, self.decoder = loader, decoder
         self.device = device
         self.one_thread = beside_workers and device.type == "cpu"
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -41,6 +42,8 @@ class DevicePrefetcher:
         return len(self.loader)
 
     def _to_device(self, batch: Batch) -> Batch:
+        if batch.encoded is not None:
+            batch = self._decoded(batch)
         images = batch.images.to(self.device, non_blocking=self.non_blocking)
         targets = batch.targets.to(self.device, non_blocking=self.non_blocking)
         if images.dim() == 4:  # the loader's batches come in the images' own layout (channels_last for JPEGs)
@@ -48,6 +51,17 @@ class DevicePrefetcher:
         if self.normalizer is not None and images.numel():
             images = self.normalizer(images)
         return dataclasses.replace(batch, images=images, targets=targets)
+
+    def _decoded(self, batch: Batch) -> Batch:
+        """An encoded batch decoded on the device; a file no decoder could read is dropped and counted as bad."""
+        images, fallbacks, unreadable = self.decoder(batch.encoded)
+        targets, indices = batch.targets, batch.indices
+        if unreadable:
+            keep = torch.ones(len(targets), dtype=torch.bool)
+            keep[unreadable] = False
+            targets, indices = targets[keep], None if indices is None else indices[keep]
+        return dataclasses.replace(batch, images=images, targets=targets, indices=indices, encoded=None,
+                                   bad=batch.bad + len(unreadable), decode_fallbacks=fallbacks)
 
     def __iter__(self) -> Iterator[Batch]:
         if self.device.type != "cuda":

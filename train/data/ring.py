@@ -38,6 +38,7 @@ from train.data.batch import (
     stack_images,
     stackable,
 )
+from train.data.encoded import EMPTY_IMAGES, Encoded, EncodedSample
 from train.data.plan import LoaderPlan
 from train.data.shm import SHM_PATH, shm_fix
 
@@ -51,26 +52,33 @@ def _by_value(column: torch.Tensor | None):
     return None if column is None else column.numpy()
 
 
-def _take(token: str, worker: int, count: int, n: int, channels_last: bool, targets, indices, bad: int) -> Batch:
-    """Unpickling a RingBatch (in the loader's process): the images copied out of their slot, the slot marked
-    received, the labels back as tensors."""
-    images = _RINGS[token].copy_out(worker, count, n, channels_last)
-    return Batch(images, torch.from_numpy(targets), None if indices is None else torch.from_numpy(indices), bad)
+def _take(token: str, worker: int, count: int, n: int, channels_last: bool, targets, indices, bad: int,
+          encoded: tuple | None = None) -> Batch:
+    """Unpickling a RingBatch (in the loader's process): the images (or, under data.decode=device, the encoded
+    files: `encoded` = (bytes used, offsets, geometry)) copied out of their slot, the slot marked received, the
+    labels back as tensors."""
+    ring = _RINGS[token]
+    labels = torch.from_numpy(targets), None if indices is None else torch.from_numpy(indices)
+    if encoded is None:
+        return Batch(ring.copy_out(worker, count, n, channels_last), *labels, bad)
+    size, offsets, geometry = encoded
+    return Batch(EMPTY_IMAGES, *labels, bad, encoded=Encoded(ring.copy_flat(worker, count, size), offsets, geometry))
 
 
 class RingBatch:
     """What a worker hands over: its `count`-th batch lies in the ring (slot count % slots), the rest by value."""
 
-    __slots__ = ("token", "worker", "count", "n", "channels_last", "targets", "indices", "bad")
+    __slots__ = ("token", "worker", "count", "n", "channels_last", "targets", "indices", "bad", "encoded")
 
     def __init__(self, token: str, worker: int, count: int, n: int, channels_last: bool, targets, indices,
-                 bad: int):
+                 bad: int, encoded: tuple | None = None):
         self.token, self.worker, self.count, self.n = token, worker, count, n
         self.channels_last, self.targets, self.indices, self.bad = channels_last, targets, indices, bad
+        self.encoded = encoded
 
     def __reduce__(self):
         return _take, (self.token, self.worker, self.count, self.n, self.channels_last, self.targets,
-                       self.indices, self.bad)
+                       self.indices, self.bad, self.encoded)
 
 
 class ShmRing:
@@ -101,9 +109,12 @@ class ShmRing:
         _RINGS.setdefault(self.token, self)  # a copy in the ring's own process leaves the original registered
 
     def copy_out(self, worker: int, count: int, n: int, channels_last: bool) -> torch.Tensor:
-        slot = count % self.slots
         shape = (n, *self.buffers.shape[3:])
-        size = n * int(np.prod(shape[1:]))
+        return batch_view(self.copy_flat(worker, count, n * int(np.prod(shape[1:]))), shape, channels_last)
+
+    def copy_flat(self, worker: int, count: int, size: int) -> torch.Tensor:
+        """The first `size` elements of the slot of worker `worker`'s `count`-th batch, copied; the slot received."""
+        slot = count % self.slots
         source = self.buffers[worker, slot].view(-1)[:size]
         pin = self.pin_memory and torch.cuda.is_available()
         copy = torch.empty(size, dtype=source.dtype, pin_memory=pin)
@@ -111,7 +122,7 @@ class ShmRing:
         # waits for cores the workers hold
         np.copyto(copy.numpy(), source.numpy())
         self.received[worker, slot] = count + 1
-        return batch_view(copy, shape, channels_last)
+        return copy
 
     def _next_slot(self, worker: int) -> int | None:
         """This worker's next count if its slot's previous batch was received, else None (counted as an overrun)."""
@@ -135,6 +146,8 @@ class ShmRing:
         if info is None:
             return collate(samples)
         good, bad = readable(samples)
+        if good and isinstance(good[0][0], EncodedSample):
+            return self._encoded(samples, good, bad, info.id)
         images = [sample[0] for sample in good]
         capacity = self.buffers.shape[2:]
         if not good or len(good) > capacity[0] or not stackable(images) or (
@@ -152,9 +165,26 @@ class ShmRing:
         return RingBatch(self.token, info.id, count, len(good), channels_innermost(images[0]), _by_value(targets),
                          _by_value(indices), bad)
 
+    def _encoded(self, samples: list, good: list, bad: int, worker: int):
+        """data.decode=device: the batch's encoded files back to back in the slot, their offsets and geometry by
+        value; a batch larger than a slot takes the plain collate."""
+        size = sum(len(sample[0].data) for sample in good)
+        if self.buffers.dim() != 3 or self.buffers.dtype != torch.uint8 or size > self.buffers.shape[2]:
+            if not self._warned:
+                self._warned = True
+                log.warning("worker %d: %d bytes of encoded files do not fit a ring slot: plain collate", worker, size)
+            return collate(samples)
+        count = self._next_slot(worker)
+        if count is None:
+            return collate(samples)
+        encoded = Encoded.join([sample[0] for sample in good], out=self.buffers[worker, count % self.slots])
+        targets, indices = collate_labels(good)
+        return RingBatch(self.token, worker, count, len(good), False, _by_value(targets), _by_value(indices), bad,
+                         encoded=(size, encoded.offsets, encoded.geometry))
+
 
 def build_collate(plan: LoaderPlan):
     """The collate_fn of a loader with `plan`: a ShmRing of its geometry when it has workers, else `collate`."""
     if plan.num_workers == 0:
         return collate
-    return ShmRing(plan.num_workers, plan.ring_slots, plan.batch_shape, plan.dtype, pin_memory=plan.pin_memory)
+    return ShmRing(plan.num_workers, plan.ring_slots, plan.batch_shape, plan.batch_dtype, pin_memory=plan.pin_memory)

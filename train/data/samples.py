@@ -28,6 +28,8 @@ from torch.utils.data import Dataset, get_worker_info
 
 from train.data.activity import ActivityBoard
 from train.data.cache import SharedSampleCache
+from train.data.decode import UNREADABLE, image_size
+from train.data.encoded import BoxPlan, EncodedSample
 from train.data.loader import LoaderError
 from train.data.seeds import sample_seeds
 from train.data.source import Offers, Source, as_uint8_tensor, sample_name
@@ -37,7 +39,6 @@ from train.data.workers import one_torch_thread
 log = logging.getLogger(__name__)
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
-UNREADABLE = (OSError, ValueError, RuntimeError)  # what decoding a broken file raises (PIL, libjpeg-turbo, torch)
 
 
 class BadSampleError(LoaderError):
@@ -67,13 +68,14 @@ class Samples(Dataset):
     `board` and `first_slot`: the ActivityBoard rows this loader's workers write (`first_slot` + worker id)."""
 
     def __init__(self, source: Source, transform: Transform, *, seed: int, on_bad_sample: str = "warn",
-                 cache: SharedSampleCache | None = None, board: ActivityBoard | None = None, first_slot: int = 0):
-        self.source, self.transform, self.seed = source, transform, seed
+                 cache: SharedSampleCache | None = None, board: ActivityBoard | None = None, first_slot: int = 0,
+                 encoded: BoxPlan | None = None):
+        self.source, self.transform, self.seed, self.encoded = source, transform, seed, encoded
         self.on_bad_sample, self.cache, self.board, self.first_slot = on_bad_sample, cache, board, first_slot
         self.offers = Offers.of(source)
         batched = self.offers.read_crops and self.offers.size and self.offers.targets
         plan = CropFlipPlan.of(transform) if batched else None
-        self.crops = plan if plan is not None and cache is None else None
+        self.crops = plan if plan is not None and cache is None and encoded is None else None
 
     def __len__(self) -> int:
         return len(self.source)
@@ -107,6 +109,8 @@ class Samples(Dataset):
         if slot is not None:
             self.board.note(slot, index)
         try:
+            if self.encoded is not None:  # data.decode=device: the file and its box, decoded on the device
+                return self._encoded(index), int(self.source.targets[index]), index
             image, label = self._load(index) if self.cache is None else self.cache.fetch(index, self._load)
         except UNREADABLE as err:
             return self._bad(index, err)
@@ -114,6 +118,11 @@ class Samples(Dataset):
             if slot is not None:
                 self.board.clear(slot)
         return self.transform(image), int(label), index
+
+    def _encoded(self, index: int) -> EncodedSample:
+        """The encoded file, and the box the transform would draw on the image the CPU path decodes."""
+        data = self.source.read_bytes(index)
+        return EncodedSample(data, self.encoded.draw(image_size(data), getattr(self.source, "min_side", None)))
 
     def _load(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = self.source[index][:2]

@@ -13,6 +13,7 @@ A source is a map-style dataset built from the `dataset:` config group with `spl
                 read_crops   (indices, tops, lefts, height, width, flips) -> uint8 batch: crop and flip a whole
                              batch at once (transforms.CropFlipPlan draws the boxes)
                 set_epoch    told each sample's epoch before it is read (curricula)
+                read_bytes   index -> the encoded file, for data.decode=device (with `targets`)
 
 Everything else a run gives every source alike (samples.py): the per-sample seeds, the sample cache, the transform,
 bad samples skipped, stuck reads named.
@@ -51,13 +52,15 @@ class Offers:
     size: int | None
     read_crops: bool
     set_epoch: bool
+    read_bytes: bool
 
     @classmethod
     def of(cls, source: Source) -> Offers:
         return cls(targets=hasattr(source, "targets"), paths=hasattr(source, "paths"),
                    min_side=hasattr(source, "min_side"), decoded=bool(getattr(source, "decoded", False)),
                    size=getattr(source, "size", None), read_crops=hasattr(source, "read_crops"),
-                   set_epoch=hasattr(source, "set_epoch"))
+                   set_epoch=hasattr(source, "set_epoch"),
+                   read_bytes=hasattr(source, "read_bytes") and hasattr(source, "targets"))
 
 
 def as_uint8_tensor(image) -> torch.Tensor:

@@ -34,9 +34,24 @@ STD = (0.229, 0.224, 0.225)
 BATCHABLE = (v2.ToDtype, v2.Normalize)
 
 
-def _as_float32(p: float) -> float:
+def flip_threshold(p: float) -> float:
     """A RandomApply transform's p as v2 compares it: with a float32 draw, so as float32."""
     return float(torch.tensor(p, dtype=torch.float32))
+
+
+def random_crop_offsets(image_h: int, image_w: int, height: int, width: int) -> tuple[int, int]:
+    """v2.RandomCrop's two draws from torch's RNG (top, then left, each only where the image is larger)."""
+    top = int(torch.randint(0, image_h - height + 1, size=())) if image_h > height else 0
+    left = int(torch.randint(0, image_w - width + 1, size=())) if image_w > width else 0
+    return top, left
+
+
+def resized_size(size: tuple[int, int], shorter: int) -> tuple[int, int]:
+    """(H, W) after v2.Resize(shorter): the shorter side to `shorter`, the longer one scaled and truncated."""
+    height, width = size
+    if height <= width:
+        return shorter, int(shorter * width / height)
+    return int(shorter * height / width), shorter
 
 
 def _direct(step: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -45,13 +60,13 @@ def _direct(step: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
     if type(step) is v2.RandomCrop and step.padding is None and not step.pad_if_needed:
         return _random_crop(*step.size)
     if type(step) is v2.RandomHorizontalFlip:
-        threshold = _as_float32(step.p)
+        threshold = flip_threshold(step.p)
         return lambda image: image if torch.rand(1).item() >= threshold else image.flip(-1)
     forward = getattr(type(step), "forward", None)
     if forward is v2.Transform.forward:
         return lambda image: step.transform(image, step.make_params([image]))
     if forward is RANDOM_APPLY_FORWARD:
-        threshold = _as_float32(step.p)
+        threshold = flip_threshold(step.p)
 
         def coin_then_transform(image: torch.Tensor) -> torch.Tensor:
             if torch.rand(1).item() >= threshold:
@@ -69,8 +84,7 @@ def _random_crop(height: int, width: int) -> Callable[[torch.Tensor], torch.Tens
         if image_h < height or image_w < width:
             raise ValueError(f"Required crop size {(height, width)} is larger than input image size "
                              f"{(image_h, image_w)}.")
-        top = int(torch.randint(0, image_h - height + 1, size=())) if image_h > height else 0
-        left = int(torch.randint(0, image_w - width + 1, size=())) if image_w > width else 0
+        top, left = random_crop_offsets(image_h, image_w, height, width)
         return image[..., top:top + height, left:left + width]
     return crop
 
