@@ -73,6 +73,11 @@ class DataConfig:
     # cpu: workers decode | device: workers ship encoded bytes, the batch is decoded on the training device
     # (torchcodec: batched nvJPEG on CUDA; train/data/encoded.py)
     decode: str = "cpu"
+    # dataset=shards: where shards from http(s):// or s3:// are kept on this node (null: ~/.cache/loadout/shards),
+    # the cache's bound in bytes (0: none; least recently used shards go), and the shards shuffled together
+    shard_cache_dir: str | None = None
+    shard_cache_bytes: int = 0
+    shuffle_window: int = 4
 
 
 @dataclass

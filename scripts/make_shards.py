@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Write a dataset as WebDataset tar shards with an _info.json: what `dataset=shards` reads, from a folder, a web
+server or an S3-compatible store.
+
+    python scripts/make_shards.py data/synthetic data/shards                  # an ImageFolder (train/ and val/)
+    python scripts/make_shards.py data/photos data/shards --max-side 512      # re-encode large photos smaller
+    aws s3 sync data/shards s3://bucket/shards       # then train: dataset=shards data.root=s3://bucket/shards
+
+Each sample is `<key>.jpg` (or the file's own format) and `<key>.cls`, in an order shuffled by --seed; shards are
+`<split>/shard-NNNNNN.tar` of about --shard-bytes each. The output is deterministic: the same input gives the same
+bytes (fixed tar headers), so a re-run does not re-upload. Sources: an ImageFolder (root/train, root/val), or any
+loadout source class (`--source pkg.Class` built with `split=`, that offers `read_bytes` or images).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+from hydra.utils import get_object
+from PIL import Image
+from tqdm import tqdm
+
+from train.data.datasets import ImageFolderDataset
+from train.data.decode import JPEG_MAGIC
+from train.data.source import as_uint8_tensor
+
+
+def encoded(source, index: int, max_side: int | None) -> tuple[bytes, str]:
+    """The sample's file as stored (re-encoded as a JPEG of at most `max_side` px when it is larger), and its
+    extension."""
+    data = source.read_bytes(index) if hasattr(source, "read_bytes") else None
+    if data is not None and max_side is None:
+        return data, "jpg" if data[:3] == JPEG_MAGIC else _format(data)
+    if data is not None:
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+    else:
+        pixels = as_uint8_tensor(source[index][0])
+        image = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy())
+    if max_side and max(image.size) > max_side:
+        image.thumbnail((max_side, max_side), Image.BICUBIC)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90)
+    return out.getvalue(), "jpg"
+
+
+def _format(data: bytes) -> str:
+    with Image.open(io.BytesIO(data)) as image:
+        return (image.format or "png").lower()
+
+
+def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o444, "loadout", "loadout"
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_split(source, out: Path, split: str, shard_bytes: int, max_side: int | None,
+                seed: int) -> tuple[list[str], list[int]]:
+    """The split's shards, its samples in an order shuffled by `seed` (folders list a class at a time, and training
+    reads a window of shards at a time); returns their names (relative to `out`) and sample counts."""
+    (out / split).mkdir(parents=True, exist_ok=True)
+    order = np.random.default_rng(seed).permutation(len(source)).tolist()
+    names, lengths, position = [], [], 0
+    with tqdm(total=len(order), desc=split, unit="img") as bar:
+        while position < len(order):
+            names.append(f"{split}/shard-{len(names):06d}.tar")
+            start, size = position, 0
+            with tarfile.open(out / names[-1], "w", format=tarfile.USTAR_FORMAT) as tar:
+                while position < len(order) and size < shard_bytes:
+                    index = order[position]
+                    data, ext = encoded(source, index, max_side)
+                    label = int(source.targets[index]) if hasattr(source, "targets") else int(source[index][1])
+                    add(tar, f"{index:09d}.{ext}", data)
+                    add(tar, f"{index:09d}.cls", str(label).encode())
+                    size, position = size + len(data) + 2048, position + 1
+            lengths.append(position - start)
+            bar.update(position - start)
+    return names, lengths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("src", help="ImageFolder root with train/ and val/ (or what --source reads)")
+    parser.add_argument("out", type=Path, help="output folder: gets train/, val/ and _info.json")
+    parser.add_argument("--shard-bytes", type=int, default=256 << 20, help="target shard size (default 256 MiB)")
+    parser.add_argument("--max-side", type=int, help="re-encode images larger than this (px) as JPEG at this size")
+    parser.add_argument("--seed", type=int, default=0, help="the shuffled order's seed (the same seed, the same bytes)")
+    parser.add_argument("--source", help="a source class of your own (pkg.Class(root, split=...)) instead of "
+                        "ImageFolder")
+    args = parser.parse_args()
+    make = get_object(args.source) if args.source else ImageFolderDataset
+    info = {"splits": {}}
+    for split in ("train", "val"):
+        source = make(args.src, split=split)
+        names, lengths = write_split(source, args.out, split, args.shard_bytes, args.max_side, args.seed)
+        info["classes"] = list(source.classes)
+        info["splits"][split] = {"filenames": names, "shard_lengths": lengths, "num_samples": sum(lengths)}
+        print(f"{args.out / split}: {sum(lengths)} samples in {len(names)} shards")
+    (args.out / "_info.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

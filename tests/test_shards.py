@@ -1,0 +1,237 @@
+"""dataset=shards with real parts: shards written by scripts/make_shards.py and by webdataset's ShardWriter, read
+map-style from a folder, from nginx over HTTP and from an S3-compatible server (moto's, on 127.0.0.1); the shard
+window order over ranks; exact resume."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import ROOT, compose_config, read_metrics, run_cli
+from train.config import ConfigError
+from train.data import data_from_config
+from train.data.datasets import ImageFolderDataset
+from train.data.loader import ShardWindowSampler
+from train.data.shard_store import ShardError, ShardStore
+from train.data.shards import ShardSource
+from train.dist import DistEnv
+
+CPU = torch.device("cpu")
+SECRET = "not-a-real-secret-8f3c"  # the S3 secret key the tests use: it must never show in a message
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read() if proc.stderr else ''}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+@pytest.fixture(scope="module")
+def shards(tiny_dataset, tmp_path_factory) -> Path:
+    """The tiny ImageFolder as shards of ~23 kB: 240 training samples over tens of shards, the last one shorter."""
+    out = tmp_path_factory.mktemp("shards")
+    subprocess.run([sys.executable, "scripts/make_shards.py", str(tiny_dataset), str(out), "--shard-bytes", "23000"],
+                   cwd=ROOT, check=True, capture_output=True)
+    return out
+
+
+def test_shards_hold_the_folder_samples_map_style(shards, tiny_dataset, tmp_path):
+    source = ShardSource(str(shards), "train", cache_dir=str(tmp_path / "cache"))
+    folder = ImageFolderDataset(tiny_dataset, "train")
+    assert len(source) == len(folder) == 240 and source.classes == folder.classes
+    assert len(source.shard_starts) > 8 and len(set(np.diff(source.shard_starts).tolist())) > 1  # uneven
+    for index in (0, 17, 239):
+        key = int(source.paths[index].decode().rsplit("#", 1)[1])
+        image, label = source[index]
+        assert torch.equal(image, folder[key][0]) and label == folder[key][1]
+    again = subprocess.run([sys.executable, "scripts/make_shards.py", str(tiny_dataset), str(tmp_path / "again"),
+                            "--shard-bytes", "23000"], cwd=ROOT, check=True, capture_output=True)
+    assert again.returncode == 0
+    assert (tmp_path / "again" / "train" / "shard-000003.tar").read_bytes() == \
+        (shards / "train" / "shard-000003.tar").read_bytes(), "deterministic: the same input, the same bytes"
+
+
+def test_webdataset_shardwriter_shards_read_as_they_are(tiny_dataset, tmp_path):
+    import webdataset
+
+    folder = ImageFolderDataset(tiny_dataset, "train")
+    for split in ("train", "val"):
+        (tmp_path / "wds" / split).mkdir(parents=True)
+        source = ImageFolderDataset(tiny_dataset, split)
+        with webdataset.ShardWriter(str(tmp_path / "wds" / split / "part-%04d.tar"), maxcount=50) as sink:
+            for index in range(len(source)):
+                sink.write({"__key__": f"s{index:05d}", "jpg": source.read_bytes(index),
+                            "cls": int(source.targets[index]), "json": {"note": "ignored"}})
+    shard_source = ShardSource(str(tmp_path / "wds"), "train", cache_dir=str(tmp_path / "cache"))
+    assert len(shard_source) == 240 and len(shard_source.shard_starts) == 6  # 5 shards of <= 50
+    assert np.array_equal(shard_source.targets, folder.targets)
+    assert torch.equal(shard_source[100][0], folder[100][0])
+
+
+def test_the_window_order_splits_uneven_shards_equally_over_ranks_and_covers_every_sample():
+    starts = np.array([0, 7, 20, 21, 40, 55, 61])  # 61 samples in 6 uneven shards
+    ranks = [ShardWindowSampler(starts, window=2, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    for sampler in ranks:
+        sampler.set_epoch(1)
+    orders = [list(sampler) for sampler in ranks]
+    assert len(orders[0]) == len(orders[1]) == 31  # equal steps: no rank waits in a collective
+    assert set(orders[0]) | set(orders[1]) == set(range(61))  # one sample seen twice
+    whole = ranks[0].order()
+    shard_of = np.searchsorted(starts, whole, side="right") - 1
+    changes = int((np.diff(shard_of) != 0).sum())
+    assert changes < 30, "windows of 2 shards: read mostly in sequence, not sample by sample"
+    ranks[0].set_epoch(2)
+    assert list(ranks[0]) != orders[0]  # another epoch, another order
+
+
+def test_training_batches_from_shards_resume_exactly(shards, tmp_path):
+    cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={shards}", "data.image_size=32",
+                          "data.batch_size=16", "data.num_workers=2", "trainer.epochs=2",
+                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+    with data_from_config(cfg, DistEnv(), CPU) as data:
+        data.set_epoch(1)
+        whole = [(b.images.clone(), b.indices.clone()) for b in data.train]
+    with data_from_config(cfg, DistEnv(), CPU) as data:
+        data.set_epoch(1)
+        stream = iter(data.train)
+        for _ in range(5):
+            next(stream)
+        state = data.train.state_dict()
+    with data_from_config(cfg, DistEnv(), CPU) as data:
+        data.train.load_state_dict(state)
+        rest = [(b.images.clone(), b.indices.clone()) for b in data.train]
+    assert len(whole) == 15 and len(rest) == 10
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, whole[5:], strict=True))
+
+
+# -- S3: moto's standalone server -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def s3(shards, tmp_path_factory):
+    """An S3-compatible server on 127.0.0.1 with the shards in s3://loadout/shards; yields the env to reach it."""
+    boto3 = pytest.importorskip("boto3")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "loadout-test",
+           "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
+    try:
+        wait_for_port(port, proc)
+        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=SECRET, region_name="us-east-1")
+        client.create_bucket(Bucket="loadout")
+        for path in sorted(shards.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), "loadout", f"shards/{path.relative_to(shards)}")
+        yield env
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def s3_env(s3, monkeypatch):
+    for key, value in s3.items():
+        monkeypatch.setenv(key, value)
+    return s3
+
+
+def test_shards_from_s3_equal_the_local_ones_downloaded_once_into_the_cache(shards, s3_env, tmp_path):
+    cache = tmp_path / "cache"
+    remote = ShardSource("s3://loadout/shards", "train", cache_dir=str(cache))
+    local = ShardSource(str(shards), "train", cache_dir=str(tmp_path / "local-cache"))
+    assert len(remote) == len(local) and np.array_equal(remote.targets, local.targets)
+    assert torch.equal(remote[42][0], local[42][0])
+    copies = sorted(cache.glob("*.tar"))
+    assert len(copies) == len(remote.urls) and not list(cache.glob("*.part"))  # one whole copy per shard
+
+
+def test_a_missing_prefix_fails_in_one_line_naming_the_url_never_the_secret(s3_env, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        ShardSource("s3://loadout/no-such-prefix", "train", cache_dir=str(tmp_path))
+    message = str(err.value)
+    assert "s3://loadout/no-such-prefix" in message and "\n" not in message and SECRET not in message
+
+
+@pytest.mark.slow
+def test_a_run_trains_from_the_s3_server_and_keeps_the_secret_out_of_its_files(s3, small_run_args, tmp_path):
+    result = run_cli([*small_run_args, "dataset=shards", "data.root=s3://loadout/shards", "data.num_workers=2",
+                      f"data.shard_cache_dir={tmp_path / 'cache'}", "trainer.epochs=1"], env=s3)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_metrics(tmp_path / "run")[-1]["val_samples"] == 80
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file() and path.suffix in (".yaml", ".log", ".jsonl", ".json"):
+            assert SECRET not in path.read_text(errors="ignore"), path
+    assert SECRET not in result.stdout + result.stderr
+
+
+# -- HTTP: nginx ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def http(shards, tmp_path_factory):
+    """nginx serving the shards folder on 127.0.0.1 (range requests included); yields its base URL."""
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if nginx is None:
+        pytest.skip("nginx is not installed (.ci/ensure_nginx.sh installs it)")
+    prefix = tmp_path_factory.mktemp("nginx")
+    port = free_port()
+    user = "user root;" if os.geteuid() == 0 else ""  # its workers read the test's private tmp dir
+    (prefix / "nginx.conf").write_text(f"""daemon off; {user} worker_processes 1; pid {prefix}/nginx.pid;
+error_log {prefix}/error.log;
+events {{ worker_connections 64; }}
+http {{ access_log {prefix}/access.log; client_body_temp_path {prefix}; proxy_temp_path {prefix};
+  fastcgi_temp_path {prefix}; uwsgi_temp_path {prefix}; scgi_temp_path {prefix};
+  server {{ listen 127.0.0.1:{port}; root {shards}; }} }}
+""")
+    proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf")], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for_port(port, proc)
+        yield f"http://127.0.0.1:{port}", prefix
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_shards_over_http_equal_the_local_ones(shards, http, tmp_path):
+    url, prefix = http
+    remote = ShardSource(url, "train", cache_dir=str(tmp_path / "cache"))
+    local = ShardSource(str(shards), "train", cache_dir=str(tmp_path / "local-cache"))
+    assert np.array_equal(remote.targets, local.targets) and torch.equal(remote[7][0], local[7][0])
+    requests = (prefix / "access.log").read_text().count("GET /train/")
+    assert requests == len(remote.urls), "each shard downloaded once"
+    ShardSource(url, "train", cache_dir=str(tmp_path / "cache"))  # the cache serves a second build
+    assert (prefix / "access.log").read_text().count("GET /train/") == requests
+
+
+def test_a_shard_that_404s_or_is_missing_fails_at_start_in_one_line_naming_it(shards, http, tmp_path):
+    url, _ = http
+    with pytest.raises(ShardError) as err:
+        ShardStore(tmp_path / "cache").local(f"{url}/train/shard-999999.tar")
+    assert str(err.value) == f"shard {url}/train/shard-999999.tar does not exist (FileNotFoundError)"
+    broken = tmp_path / "broken"
+    shutil.copytree(shards, broken)
+    info = (broken / "_info.json").read_text()
+    (broken / "_info.json").write_text(info.replace("shard-000002.tar", "shard-999999.tar"))
+    with pytest.raises(ConfigError) as err:
+        ShardSource(str(broken), "train", cache_dir=str(tmp_path / "cache"))
+    assert "shard-999999.tar" in str(err.value) and "\n" not in str(err.value)
