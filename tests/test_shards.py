@@ -235,3 +235,77 @@ def test_a_shard_that_404s_or_is_missing_fails_at_start_in_one_line_naming_it(sh
     with pytest.raises(ConfigError) as err:
         ShardSource(str(broken), "train", cache_dir=str(tmp_path / "cache"))
     assert "shard-999999.tar" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_two_ranks_over_uneven_shards_step_alike_and_finish(shards, tmp_path):
+    """torchrun, 2 gloo ranks, 240 samples in shards of uneven length and a batch that does not divide them: both
+    ranks take the same number of steps (no rank left waiting in an all-reduce), together they see every sample,
+    and validation counts each of the 80 samples once."""
+    from tests.conftest import RECORD_SAMPLES
+    from tests.test_distributed import flat, only_run_dir, samples, torchrun
+
+    args = ["hardware=cpu", "dataset=shards", f"data.root={shards}", "data.image_size=32", "data.batch_size=14",
+            "data.num_workers=1", "trainer.epochs=1", "trainer.progress=false", RECORD_SAMPLES,
+            f"data.shard_cache_dir={tmp_path / 'cache'}", "data.drop_last=false"]
+    result = torchrun(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    ranks = [samples(run_dir, 0, rank) for rank in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 9  # 120 samples each: 8 batches of 14 and one of 8
+    assert set(flat(ranks[0])) | set(flat(ranks[1])) == set(range(240))
+    assert read_metrics(run_dir)[-1]["val_samples"] == 80
+
+
+# -- Hugging Face parquet --------------------------------------------------------------------------------------
+def write_hub_parquet(folder: Path, out: Path) -> Path:
+    """The tiny ImageFolder in the Hub's parquet layout: data/<split>-0000i-of-0000n.parquet, an `image` struct of
+    bytes and path, a `label`, the ClassLabel names in the huggingface schema metadata; row groups of 50 rows."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (out / "data").mkdir(parents=True)
+    for split, name, files in (("train", "train", 2), ("val", "validation", 1)):
+        source = ImageFolderDataset(folder, split)
+        features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": source.classes}}
+        metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+        rows = np.array_split(np.arange(len(source)), files)
+        for number, part in enumerate(rows):
+            table = pa.table({"image": [{"bytes": source.read_bytes(i), "path": f"{i}.jpg"} for i in part.tolist()],
+                              "label": pa.array(source.targets[part], type=pa.int64())})
+            pq.write_table(table.replace_schema_metadata(metadata),
+                           out / "data" / f"{name}-{number:05d}-of-{files:05d}.parquet", row_group_size=50)
+    return out
+
+
+def test_a_hub_parquet_dataset_reads_by_row_group_and_trains(tiny_dataset, tmp_path):
+    from train.data.parquet import ParquetSource
+
+    root = write_hub_parquet(tiny_dataset, tmp_path / "hub")
+    source = ParquetSource(str(root), "train", cache_dir=str(tmp_path / "cache"))
+    folder = ImageFolderDataset(tiny_dataset, "train")
+    assert len(source) == 240 and source.classes == folder.classes and np.array_equal(source.targets, folder.targets)
+    assert np.diff(source.shard_starts).tolist() == [50, 50, 20, 50, 50, 20]  # row groups of 50, two files of 120
+    assert torch.equal(source[130][0], folder[130][0])
+    cfg = compose_config(["hardware=cpu", "dataset=parquet", f"data.root={root}", "data.image_size=32",
+                          "data.batch_size=16", "data.num_workers=2", "trainer.epochs=1"])
+    with data_from_config(cfg, DistEnv(), CPU) as data:
+        data.set_epoch(0)
+        seen = [i for batch in data.train for i in batch.indices.tolist()]
+        assert sorted(seen) == list(range(240)) and sum(len(b) for b in data.val) == 80
+
+
+def test_a_hub_parquet_dataset_from_the_s3_server(tiny_dataset, s3_env, tmp_path):
+    import boto3
+
+    from train.data.parquet import ParquetSource
+
+    root = write_hub_parquet(tiny_dataset, tmp_path / "hub")
+    client = boto3.client("s3")
+    for path in sorted((root / "data").iterdir()):
+        client.upload_file(str(path), "loadout", f"hub/data/{path.name}")
+    remote = ParquetSource("s3://loadout/hub", "val", cache_dir=str(tmp_path / "cache"))
+    local = ParquetSource(str(root), "val", cache_dir=str(tmp_path / "local"))
+    assert len(remote) == 80 and torch.equal(remote[33][0], local[33][0])

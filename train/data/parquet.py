@@ -1,0 +1,101 @@
+"""dataset=parquet: Hugging Face image datasets in their parquet layout, from a folder, HTTP or an S3-compatible store,
+read map-style by row group (pyarrow); no download from the Hub at run time.
+
+Files: `<root>/data/<split>-*.parquet` (as `datasets`' `push_to_hub` and `to_parquet` write them; `val` is also
+found as `validation`), or `<root>/<split>/*.parquet`. Columns: `image` (the Hub's struct of `bytes` and `path`, or
+plain bytes) and `label`; class names from the file's Hugging Face features metadata (a ClassLabel's names) when
+present. Each row group is a "shard" to the training order (loader.ShardWindowSampler reads a window of row groups at
+a time), and a worker keeps the row group it read last, so consecutive samples cost one read. Remote files are kept
+on the node by the same store as tar shards (shard_store.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from train.config import ConfigError
+from train.data.decode import decode_image_file
+from train.data.shard_store import ShardError, ShardStore, is_remote
+
+SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid", "test")}
+
+
+def list_files(root: str, split: str) -> list[str]:
+    """The split's parquet files under `root`, in name order."""
+    try:
+        fs, path = fsspec.core.url_to_fs(root)
+        base = path.rstrip("/")
+        for name in SPLIT_NAMES.get(split, (split,)):
+            for pattern in (f"{base}/data/{name}-*.parquet", f"{base}/{name}/*.parquet"):
+                found = sorted(fs.glob(pattern))
+                if found:
+                    return [fs.unstrip_protocol(p) if is_remote(root) else p for p in found]
+    except Exception as err:
+        raise ShardError(f"data.root={root}: cannot list its parquet files: {type(err).__name__}") from err
+    raise ConfigError(f"data.root={root}: no parquet files for the {split} split (looked for data/{split}-*.parquet "
+                      f"and {split}/*.parquet)")
+
+
+def class_names(schema) -> list[str] | None:
+    """The label column's ClassLabel names from the Hugging Face features metadata, if any."""
+    metadata = (schema.metadata or {}).get(b"huggingface")
+    if not metadata:
+        return None
+    features = json.loads(metadata).get("info", {}).get("features", {})
+    names = features.get("label", {}).get("names")
+    return list(names) if names else None
+
+
+class ParquetSource:
+    """One split of a parquet image dataset (train/data/source.py's interface): `classes`, `targets`, `paths`,
+    `read_bytes`, `min_side`, and `shard_starts` (the first row of each row group)."""
+
+    def __init__(self, root: str, split: str = "train", cache_dir: str | None = None, cache_bytes: int = 0,
+                 min_side: int | None = None, timeout: float | None = None):
+        root = str(root).rstrip("/")
+        self.store = ShardStore(cache_dir, cache_bytes, timeout)
+        self.urls = list_files(root, split)
+        groups, labels, classes = [], [], None
+        for number, url in enumerate(self.urls):
+            parquet = pq.ParquetFile(self.store.local(url))
+            if "image" not in parquet.schema_arrow.names or "label" not in parquet.schema_arrow.names:
+                raise ConfigError(f"data.root: {url} has no `image` and `label` columns (it has "
+                                  f"{', '.join(parquet.schema_arrow.names)})")
+            classes = classes or class_names(parquet.schema_arrow)
+            for group in range(parquet.num_row_groups):
+                groups.append((number, group))
+                labels.append(parquet.read_row_group(group, columns=["label"]).column("label").to_numpy())
+        self.groups = np.array(groups, dtype=np.int64)
+        self.shard_starts = np.concatenate([[0], np.cumsum([len(part) for part in labels])]).astype(np.int64)
+        self.targets = np.concatenate(labels).astype(np.int64)
+        self.classes = classes or [str(i) for i in range(int(self.targets.max()) + 1)]
+        self.paths = np.array([f"{self.urls[f]}#rowgroup{g}" for f, g in groups], dtype=np.bytes_)[
+            np.searchsorted(self.shard_starts, np.arange(len(self.targets)), side="right") - 1]
+        self.min_side = min_side
+        self._held: tuple[int, list] | None = None  # this process's last row group: (its number, its images)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_held": None}
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def read_bytes(self, index: int) -> bytes:
+        group = int(np.searchsorted(self.shard_starts, index, side="right")) - 1
+        if self._held is None or self._held[0] != group:
+            number, row_group = self.groups[group].tolist()
+            table = pq.ParquetFile(self.store.local(self.urls[number])).read_row_group(row_group, columns=["image"])
+            self._held = (group, table.column("image").to_pylist())
+        image = self._held[1][index - int(self.shard_starts[group])]
+        data = image.get("bytes") if isinstance(image, dict) else image
+        if not data:
+            raise OSError(f"{self.paths[index].decode()}: no image bytes in row {index - self.shard_starts[group]}")
+        return data
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return decode_image_file(self.read_bytes(index), self.min_side), int(self.targets[index])
