@@ -1,6 +1,6 @@
-"""dataset=shards with real parts: shards written by scripts/make_shards.py and by webdataset's ShardWriter, read
-map-style from a folder, from nginx over HTTP and from an S3-compatible server (moto's, on 127.0.0.1); the shard
-window order over ranks; exact resume."""
+"""dataset=shards and dataset=parquet with real parts: shards written by scripts/make_shards.py and by webdataset's
+ShardWriter, parquet in the Hub's layout, read map-style from a folder, from nginx over HTTP and from an
+S3-compatible server (moto's, on 127.0.0.1); the shard window order over ranks; exact resume; 2 torchrun ranks."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def shards(tiny_dataset, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # starts a server or scripts/make_shards.py
 def test_shards_hold_the_folder_samples_map_style(shards, tiny_dataset, tmp_path):
     source = ShardSource(str(shards), "train", cache_dir=str(tmp_path / "cache"))
     folder = ImageFolderDataset(tiny_dataset, "train")
@@ -105,6 +106,7 @@ def test_the_window_order_splits_uneven_shards_equally_over_ranks_and_covers_eve
     assert list(ranks[0]) != orders[0]  # another epoch, another order
 
 
+@pytest.mark.slow  # starts a server or scripts/make_shards.py
 def test_training_batches_from_shards_resume_exactly(shards, tmp_path):
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={shards}", "data.image_size=32",
                           "data.batch_size=16", "data.num_workers=2", "trainer.epochs=2",
@@ -156,6 +158,7 @@ def s3_env(s3, monkeypatch):
     return s3
 
 
+@pytest.mark.slow  # starts a server or scripts/make_shards.py
 def test_shards_from_s3_equal_the_local_ones_downloaded_once_into_the_cache(shards, s3_env, tmp_path):
     cache = tmp_path / "cache"
     remote = ShardSource("s3://loadout/shards", "train", cache_dir=str(cache))
@@ -166,6 +169,7 @@ def test_shards_from_s3_equal_the_local_ones_downloaded_once_into_the_cache(shar
     assert len(copies) == len(remote.urls) and not list(cache.glob("*.part"))  # one whole copy per shard
 
 
+@pytest.mark.slow  # starts a server or scripts/make_shards.py
 def test_a_missing_prefix_fails_in_one_line_naming_the_url_never_the_secret(s3_env, tmp_path):
     with pytest.raises(ConfigError) as err:
         ShardSource("s3://loadout/no-such-prefix", "train", cache_dir=str(tmp_path))
@@ -212,6 +216,7 @@ http {{ access_log {prefix}/access.log; client_body_temp_path {prefix}; proxy_te
         proc.wait()
 
 
+@pytest.mark.slow  # starts a server or scripts/make_shards.py
 def test_shards_over_http_equal_the_local_ones(shards, http, tmp_path):
     url, prefix = http
     remote = ShardSource(url, "train", cache_dir=str(tmp_path / "cache"))
@@ -223,6 +228,7 @@ def test_shards_over_http_equal_the_local_ones(shards, http, tmp_path):
     assert (prefix / "access.log").read_text().count("GET /train/") == requests
 
 
+@pytest.mark.slow  # starts a server or scripts/make_shards.py
 def test_a_shard_that_404s_or_is_missing_fails_at_start_in_one_line_naming_it(shards, http, tmp_path):
     url, _ = http
     with pytest.raises(ShardError) as err:
@@ -297,6 +303,7 @@ def test_a_hub_parquet_dataset_reads_by_row_group_and_trains(tiny_dataset, tmp_p
         assert sorted(seen) == list(range(240)) and sum(len(b) for b in data.val) == 80
 
 
+@pytest.mark.slow  # starts a server or scripts/make_shards.py
 def test_a_hub_parquet_dataset_from_the_s3_server(tiny_dataset, s3_env, tmp_path):
     import boto3
 
