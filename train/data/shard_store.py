@@ -38,6 +38,14 @@ class ShardStore:
     def __init__(self, cache_dir: str | Path | None = None, max_bytes: int = 0, timeout: float | None = None):
         self.cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
         self.max_bytes, self.timeout = max_bytes, timeout
+        self._known: dict[str, Path] = {}  # this process's copies already found: no stat or touch per sample
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_known": {}}
+
+    def forget(self, url: str) -> None:
+        """`url`'s copy went (evicted by another process): the next `local` fetches it again."""
+        self._known.pop(url, None)
 
     def cached(self, url: str, suffix: str = "") -> Path:
         """Where `url`'s copy (or a file derived from it, `suffix`) lives in the cache."""
@@ -47,9 +55,13 @@ class ShardStore:
     def local(self, url: str) -> Path:
         if not is_remote(url):
             return Path(url.removeprefix("file://"))
+        known = self._known.get(url)
+        if known is not None:
+            return known
         path = self.cached(url)
         if path.exists():
             os.utime(path)  # recently used: the last to go
+            self._known[url] = path
             return path
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with open(path.with_name(path.name + ".lock"), "w") as lock:
@@ -57,6 +69,7 @@ class ShardStore:
             if not path.exists():
                 self._download(url, path)
                 self._evict(keep=path)
+        self._known[url] = path
         return path
 
     def _download(self, url: str, path: Path) -> None:

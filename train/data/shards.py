@@ -158,7 +158,13 @@ class ShardSource:
     def read_bytes(self, index: int) -> bytes:
         """The sample's encoded image: a seek and a read in its shard's local copy."""
         shard = int(np.searchsorted(self.shard_starts, index, side="right")) - 1
-        with open(self.store.local(self.urls[shard]), "rb") as f:
+        url = self.urls[shard]
+        try:
+            f = open(self.store.local(url), "rb")  # noqa: SIM115 (closed below)
+        except FileNotFoundError:  # evicted by another process since this one last read it: fetched again
+            self.store.forget(url)
+            f = open(self.store.local(url), "rb")  # noqa: SIM115
+        with f:
             f.seek(int(self.offsets[index]))
             data = f.read(int(self.sizes[index]))
         if len(data) != self.sizes[index]:
