@@ -116,3 +116,29 @@ def assert_each_sample_once(run_dir: Path, epochs: int, ranks: int, dataset_size
         trained = [i for rank in range(ranks) for batch in epoch_samples(run_dir, epoch, rank) for i in batch]
         assert len(trained) == ranks * per_rank, (epoch, len(trained))
         assert sorted(trained) == list(range(dataset_size)), f"epoch {epoch + 1} repeated or skipped samples"
+
+
+def whole_and_resumed(cfg, epoch: int, taken: int) -> tuple[list, list]:
+    """(epoch `epoch`'s training batches, the batches of a pipeline resumed from the state after its first `taken`),
+    each batch as (images, indices) on the host."""
+    import torch
+
+    from train.data import data_from_config
+    from train.dist import DistEnv
+
+    def host(batches) -> list:
+        return [(batch.images.clone(), batch.indices.clone()) for batch in batches]
+
+    cpu = torch.device("cpu")
+    with data_from_config(cfg, DistEnv(), cpu) as data:
+        data.set_epoch(epoch)
+        whole = host(data.train)
+    with data_from_config(cfg, DistEnv(), cpu) as data:
+        data.set_epoch(epoch)
+        stream = iter(data.train)
+        for _ in range(taken):
+            next(stream)
+        state = data.train.state_dict()
+    with data_from_config(cfg, DistEnv(), cpu) as data:
+        data.train.load_state_dict(state)
+        return whole, host(data.train)

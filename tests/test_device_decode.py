@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from scripts.make_dataset import make_synthetic_imagefolder
-from tests.conftest import compose_config, read_metrics, run_cli
+from tests.conftest import compose_config, read_metrics, run_cli, whole_and_resumed
 from train.config import ConfigError, validate
 from train.data import data_from_config
 from train.data.transforms import MEAN, STD
@@ -91,19 +91,9 @@ def test_refused_files_fall_back_to_the_cpu_counted_and_broken_ones_are_skipped(
 
 
 def test_resume_mid_epoch_gives_exactly_the_remaining_batches(tiny_dataset):
-    cfg = config(tiny_dataset, "data.num_workers=2", "data.decode=device")
-    whole, _, _ = epoch(cfg, 1)
-    with data_from_config(cfg, DistEnv(), CPU) as first:
-        first.set_epoch(1)
-        stream = iter(first.train)
-        for _ in range(4):
-            next(stream)
-        state = first.train.state_dict()
-    with data_from_config(cfg, DistEnv(), CPU) as resumed:
-        resumed.train.load_state_dict(state)
-        rest = [b.images.clone() for b in resumed.train]
-    assert len(rest) == len(whole) - 4
-    assert all(torch.equal(a, b[0]) for a, b in zip(rest, whole[4:], strict=True))
+    whole, rest = whole_and_resumed(config(tiny_dataset, "data.num_workers=2", "data.decode=device"), 1, taken=4)
+    assert len(whole) == 15 and len(rest) == 11
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, whole[4:], strict=True))
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT, compose_config, read_metrics, run_cli
+from tests.conftest import ROOT, compose_config, read_metrics, run_cli, whole_and_resumed
 from train.config import ConfigError
 from train.data import data_from_config
 from train.data.datasets import ImageFolderDataset
@@ -111,18 +111,7 @@ def test_training_batches_from_shards_resume_exactly(shards, tmp_path):
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={shards}", "data.image_size=32",
                           "data.batch_size=16", "data.num_workers=2", "trainer.epochs=2",
                           f"data.shard_cache_dir={tmp_path / 'cache'}"])
-    with data_from_config(cfg, DistEnv(), CPU) as data:
-        data.set_epoch(1)
-        whole = [(b.images.clone(), b.indices.clone()) for b in data.train]
-    with data_from_config(cfg, DistEnv(), CPU) as data:
-        data.set_epoch(1)
-        stream = iter(data.train)
-        for _ in range(5):
-            next(stream)
-        state = data.train.state_dict()
-    with data_from_config(cfg, DistEnv(), CPU) as data:
-        data.train.load_state_dict(state)
-        rest = [(b.images.clone(), b.indices.clone()) for b in data.train]
+    whole, rest = whole_and_resumed(cfg, 1, taken=5)
     assert len(whole) == 15 and len(rest) == 10
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, whole[5:], strict=True))
 
@@ -195,7 +184,7 @@ def http(shards, tmp_path_factory):
     """nginx serving the shards folder on 127.0.0.1 (range requests included); yields its base URL."""
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if nginx is None:
-        pytest.skip("nginx is not installed (.ci/ensure_nginx.sh installs it)")
+        pytest.skip("nginx is not installed (`.ci/ensure_package.sh nginx nginx-light` installs it)")
     prefix = tmp_path_factory.mktemp("nginx")
     port = free_port()
     user = "user root;" if os.geteuid() == 0 else ""  # its workers read the test's private tmp dir
