@@ -25,7 +25,7 @@ from torchvision.transforms.v2 import functional as F
 from train.config import ConfigError
 from train.data.decode import JPEG_MAGIC, UNREADABLE, dct_scale, decode_image_file, image_size
 from train.data.plan import LoaderPlan
-from train.data.transforms import flip_threshold, random_crop_offsets, resized_size
+from train.data.transforms import check_crop, flip_threshold, random_crop_offsets, resized_size
 
 log = logging.getLogger(__name__)
 EMPTY_IMAGES = torch.empty(0, dtype=torch.uint8)  # an encoded batch's images, until the device decodes them
@@ -107,8 +107,7 @@ class BoxPlan:
             box, out = (params["top"], params["left"], params["height"], params["width"]), tuple(crop.size)
         else:
             crop_h, crop_w = crop.size
-            if resized[0] < crop_h or resized[1] < crop_w:
-                raise ValueError(f"Required crop size {(crop_h, crop_w)} is larger than input image size {resized}.")
+            check_crop((crop_h, crop_w), resized)
             if type(crop) is v2.RandomCrop:
                 top, left = random_crop_offsets(*resized, crop_h, crop_w)
             else:

@@ -39,6 +39,12 @@ def flip_threshold(p: float) -> float:
     return float(torch.tensor(p, dtype=torch.float32))
 
 
+def check_crop(crop: tuple[int, int], image: tuple[int, int], fix: str = "") -> None:
+    """v2.RandomCrop's error for an image smaller than the crop (its own words), with `fix` after them."""
+    if image[0] < crop[0] or image[1] < crop[1]:
+        raise ValueError(f"Required crop size {tuple(crop)} is larger than input image size {tuple(image)}.{fix}")
+
+
 def random_crop_offsets(image_h: int, image_w: int, height: int, width: int) -> tuple[int, int]:
     """v2.RandomCrop's two draws from torch's RNG (top, then left, each only where the image is larger)."""
     top = int(torch.randint(0, image_h - height + 1, size=())) if image_h > height else 0
@@ -81,9 +87,7 @@ def _random_crop(height: int, width: int) -> Callable[[torch.Tensor], torch.Tens
     larger), its error for a too small image, and its crop (a slice)."""
     def crop(image: torch.Tensor) -> torch.Tensor:
         image_h, image_w = image.shape[-2:]
-        if image_h < height or image_w < width:
-            raise ValueError(f"Required crop size {(height, width)} is larger than input image size "
-                             f"{(image_h, image_w)}.")
+        check_crop((height, width), (image_h, image_w))
         top, left = random_crop_offsets(image_h, image_w, height, width)
         return image[..., top:top + height, left:left + width]
     return crop
@@ -178,9 +182,7 @@ class CropFlipPlan:
 
     def draws(self, seeds: np.ndarray, side_h: int, side_w: int) -> tuple[list[int], list[int], list[bool]]:
         """(tops, lefts, flips) for images of side_h x side_w: 24 bits each for top and left, 16 for the coin."""
-        if self.height > side_h or self.width > side_w:
-            raise ValueError(f"Required crop size {(self.height, self.width)} is larger than input image size "
-                             f"{(side_h, side_w)}: pack at data.image_size or larger")
+        check_crop((self.height, self.width), (side_h, side_w), " Pack at data.image_size or larger.")
         seeds = np.asarray(seeds, dtype=np.uint64)
         top = ((seeds >> np.uint64(40)) * np.uint64(side_h - self.height + 1)) >> np.uint64(24)
         left = (((seeds >> np.uint64(16)) & np.uint64(0xFFFFFF)) * np.uint64(side_w - self.width + 1)) \
