@@ -305,3 +305,26 @@ def test_a_hub_parquet_dataset_from_the_s3_server(tiny_dataset, s3_env, tmp_path
     remote = ParquetSource("s3://loadout/hub", "val", cache_dir=str(tmp_path / "cache"))
     local = ParquetSource(str(root), "val", cache_dir=str(tmp_path / "local"))
     assert len(remote) == 80 and torch.equal(remote[33][0], local[33][0])
+
+
+@pytest.mark.slow  # starts scripts/make_shards.py
+def test_a_truncated_shard_keeps_its_whole_samples_and_a_corrupt_member_is_skipped_and_counted(shards, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(shards, damaged)
+    first = damaged / "train" / "shard-000000.tar"
+    data = first.read_bytes()
+    first.write_bytes(data[:len(data) // 2])  # cut mid-member
+    source = ShardSource(str(damaged), "train", cache_dir=str(tmp_path / "cache"))
+    lost = 240 - len(source)
+    assert 0 < lost < 7, "the samples before the cut are kept, those after it are gone"
+    second = source.shard_starts[1]
+    with open(damaged / "train" / "shard-000001.tar", "r+b") as f:  # garbage over one image's bytes
+        f.seek(int(source.offsets[second]))
+        f.write(b"\x00" * int(source.sizes[second]))
+    cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={damaged}", "data.image_size=32",
+                          "data.batch_size=16", "data.num_workers=2", "trainer.epochs=1", "data.drop_last=false",
+                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+    with data_from_config(cfg, DistEnv(), CPU) as data:
+        data.set_epoch(0)
+        batches = list(data.train)
+    assert sum(b.bad for b in batches) == 1 and sum(len(b) for b in batches) == len(source) - 1

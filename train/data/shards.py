@@ -70,13 +70,17 @@ def _list_shards(root: str, split: str) -> tuple[list[str], list[str] | None]:
 def index_shard(path: os.PathLike) -> dict[str, np.ndarray]:
     """The samples of one local tar shard, in member order: key, image offset and size, label."""
     members: dict[str, dict[str, tuple[int, int]]] = {}
+    size = os.path.getsize(path)
     with tarfile.open(path) as tar:
-        for member in tar:
-            if member.isfile():
-                folder, _, name = member.name.rpartition("/")
-                stem, _, ext = name.partition(".")
-                members.setdefault(f"{folder}/{stem}" if folder else stem, {})[ext.lower()] = \
-                    (member.offset_data, member.size)
+        try:
+            for member in tar:
+                if member.isfile() and member.offset_data + member.size <= size:
+                    folder, _, name = member.name.rpartition("/")
+                    stem, _, ext = name.partition(".")
+                    members.setdefault(f"{folder}/{stem}" if folder else stem, {})[ext.lower()] = \
+                        (member.offset_data, member.size)
+        except tarfile.ReadError as err:  # a truncated shard: the samples before the cut are kept
+            log.warning("shard %s ends early (%s): indexing the %d samples before the cut", path, err, len(members))
     keys, offsets, sizes, labels = [], [], [], []
     with open(path, "rb") as f:
         for key, parts in members.items():
