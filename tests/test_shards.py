@@ -328,3 +328,35 @@ def test_a_truncated_shard_keeps_its_whole_samples_and_a_corrupt_member_is_skipp
         data.set_epoch(0)
         batches = list(data.train)
     assert sum(b.bad for b in batches) == 1 and sum(len(b) for b in batches) == len(source) - 1
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_on_s3_shards_resumes_to_the_uninterrupted_runs_samples_and_weights(s3, tmp_path):
+    """The issue's proof: shards from the S3 server, SIGTERM in epoch 2, `trainer.resume=auto`: the same samples
+    in the same order and the same final weights as a run never stopped."""
+    import signal
+
+    from tests.conftest import RECORD_SAMPLES, epoch_samples, training_at, wait_for
+    from tests.test_preemption import assert_same_weights
+
+    def args(run_dir: Path, *extra: str) -> list[str]:
+        return ["hardware=cpu", "dataset=shards", "data.root=s3://loadout/shards", "data.image_size=32",
+                "data.batch_size=16", "data.num_workers=2", "trainer.epochs=2", "trainer.deterministic=true",
+                RECORD_SAMPLES, "trainer.progress=false", f"data.shard_cache_dir={tmp_path / 'cache'}",
+                f"hydra.run.dir={run_dir}", *extra]
+
+    reference = tmp_path / "reference"
+    assert run_cli(args(reference), env=s3).returncode == 0
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "train", *args(run_dir)], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **s3}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: training_at(run_dir) >= (1, 2), 300, "epoch 2 to be under way")
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, out[-3000:]
+    resumed = run_cli(args(run_dir, "trainer.resume=auto"), env=s3)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for epoch in range(2):
+        assert epoch_samples(run_dir, epoch, 0) == epoch_samples(reference, epoch, 0), epoch
+    assert_same_weights(run_dir, reference)
