@@ -23,8 +23,9 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from train.config import ConfigError
-from train.data.decode import JPEG_MAGIC, UNREADABLE, dct_scale, decode_image_file, image_size
+from train.data.decode import JPEG_MAGIC, UNREADABLE, dct_scale, decode_image_file
 from train.data.plan import LoaderPlan
+from train.data.source import Offers
 from train.data.transforms import check_crop, flip_threshold, random_crop_offsets, resized_size
 
 log = logging.getLogger(__name__)
@@ -117,11 +118,6 @@ class BoxPlan:
         return (*stored, *decoded, *resized, *box, *out, int(flip), int(self.resize is not None))
 
 
-def sample_geometry(plan: BoxPlan, data: bytes, min_side: int | None) -> tuple[int, ...]:
-    """`plan` drawn for the encoded file `data` (its header read, nothing decoded)."""
-    return plan.draw(image_size(data), min_side)
-
-
 class DeviceDecoder:
     """Encoded batches to uint8 (N, 3, H, W) images on `device`, with the number of files decoded on the CPU and
     the positions of those no decoder could read (their header was whole, the rest not): the caller drops them."""
@@ -179,7 +175,7 @@ def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device:
     """data.decode=device, checked before any worker starts: each split's BoxPlan, the loader plan with room for a
     batch of encoded files in the ring, and the decoder; what cannot run fails in one line."""
     for source in sources:
-        if not (hasattr(source, "read_bytes") and hasattr(source, "targets")):
+        if not Offers.of(source).read_bytes:
             raise ConfigError(f"data.decode=device: {type(source).__name__} offers no `read_bytes` and `targets` "
                               "(train/data/source.py), so it has no encoded files to ship; use data.decode=cpu")
     boxes = tuple(BoxPlan.of(transform) for transform in transforms)

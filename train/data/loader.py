@@ -124,7 +124,7 @@ def build_sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int) 
     if not train:
         return ShardSampler(len(dataset), env.rank, env.world_size) if env.distributed else SequentialSampler(dataset)
     kind = data.sampler
-    starts = getattr(getattr(dataset, "source", dataset), "shard_starts", None)
+    starts = getattr(dataset, "shard_starts", None)  # Samples: the source's, where it is sharded
     if starts is not None and kind in ("auto", "distributed", "random"):  # sharded data: shards mostly in sequence
         return ShardWindowSampler(starts, data.shuffle_window, seed, env.rank, env.world_size, data.shuffle,
                                   data.drop_last)

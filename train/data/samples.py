@@ -85,6 +85,11 @@ class Samples(Dataset):
         """The source's labels where it offers them (samplers read them), else None."""
         return self.source.targets if self.offers.targets else None
 
+    @property
+    def shard_starts(self):
+        """The first index of each of the source's shards where it has them (the sampler reads them), else None."""
+        return self.source.shard_starts if self.offers.shard_starts else None
+
     def __getitem__(self, key):
         return self.__getitems__([key])[0]
 

@@ -105,7 +105,9 @@ class ShardStore:
         """Least recently used copies out until the cache holds at most max_bytes (never `keep`)."""
         if not self.max_bytes:
             return
-        copies = sorted((p for p in self.cache_dir.glob("*.tar") if p != keep), key=lambda p: p.stat().st_mtime)
+        copies = sorted((p for p in self.cache_dir.iterdir() if p != keep and p.is_file()
+                         and not p.name.endswith((".lock", ".part")) and ".index.npz" not in p.name),
+                        key=lambda p: p.stat().st_mtime)
         total = sum(p.stat().st_size for p in copies) + keep.stat().st_size
         for old in copies:
             if total <= self.max_bytes:

@@ -14,6 +14,7 @@ A source is a map-style dataset built from the `dataset:` config group with `spl
                              batch at once (transforms.CropFlipPlan draws the boxes)
                 set_epoch    told each sample's epoch before it is read (curricula)
                 read_bytes   index -> the encoded file, for data.decode=device (with `targets`)
+                shard_starts the first index of each shard: training reads a window of shards at a time
 
 Everything else a run gives every source alike (samples.py): the per-sample seeds, the sample cache, the transform,
 bad samples skipped, stuck reads named.
@@ -53,6 +54,7 @@ class Offers:
     read_crops: bool
     set_epoch: bool
     read_bytes: bool
+    shard_starts: bool
 
     @classmethod
     def of(cls, source: Source) -> Offers:
@@ -60,7 +62,8 @@ class Offers:
                    min_side=hasattr(source, "min_side"), decoded=bool(getattr(source, "decoded", False)),
                    size=getattr(source, "size", None), read_crops=hasattr(source, "read_crops"),
                    set_epoch=hasattr(source, "set_epoch"),
-                   read_bytes=hasattr(source, "read_bytes") and hasattr(source, "targets"))
+                   read_bytes=hasattr(source, "read_bytes") and hasattr(source, "targets"),
+                   shard_starts=hasattr(source, "shard_starts"))
 
 
 def as_uint8_tensor(image) -> torch.Tensor:
