@@ -84,7 +84,7 @@ def test_the_copy_of_the_next_batch_overlaps_the_current_compute():
 
 
 def trainer(root: Path, tmp_path: Path, *extra: str) -> Trainer:
-    cfg = config(root, "trainer.device=cuda", "trainer.tensorboard=false", *extra)
+    cfg = config(root, "trainer.device=cuda", "logger=[]", *extra)
     data = data_from_config(cfg, DistEnv(), CUDA)
     model = build_model(cfg.model, data.num_classes, CUDA, channels_last=cfg.trainer.channels_last)
     return Trainer.from_config(cfg, DistEnv(), CUDA, data, model, tmp_path)

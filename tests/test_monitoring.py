@@ -29,7 +29,9 @@ from train.config import ConfigError, validate
 from train.dist import DistEnv
 from train.memory import MemorySampler
 from train.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY, EpochMeter
-from train.monitoring import Monitor, PrometheusSink, TensorBoardSink
+from train.monitoring import Monitor, PrometheusSink
+from train.trackers import Trackers
+from train.trackers.tensorboard_events import TensorBoardTracker
 
 MONITORING = ROOT / "monitoring"
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "loadout.json"
@@ -100,8 +102,8 @@ def test_monitor_with_real_workers_serves_and_writes(tmp_path):
     the TensorBoard events; the endpoint is gone after close()."""
     port = free_port()
     sampler = MemorySampler()
-    monitor = Monitor(TensorBoardSink(tmp_path), PrometheusSink(port, "127.0.0.1", DistEnv(), sampler), sampler,
-                      interval_s=0.0)
+    trackers = Trackers({"tensorboard": TensorBoardTracker(tmp_path)})
+    monitor = Monitor(trackers, PrometheusSink(port, "127.0.0.1", DistEnv(), sampler), sampler, interval_s=0.0)
     data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 10, (64,)))
     loader = DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True)
     meter, mid = EpochMeter(memory=sampler), None
@@ -290,7 +292,7 @@ def test_real_prometheus_scrapes_the_trainer_and_dashboard_queries_return_data(l
 def test_tensorboard_events_from_the_run(live_run):
     live_run.wait()
     scalars = tb_scalars(live_run.run_dir)
-    assert set(scalars) >= STEP_TAGS | EPOCH_TAGS, set(scalars)
+    assert set(scalars) >= STEP_TAGS | EPOCH_TAGS | {"train/lr", "train/grad_norm", "epoch/val_top5"}, set(scalars)
     assert [e.step for e in scalars["epoch/val_acc"]] == [15, 20]
     steps = [e.step for e in scalars["train/images_per_s"]]
     assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 20 and all(

@@ -79,7 +79,7 @@ def test_autotune_profile_composes_and_trains(sweep, tiny_dataset, tmp_path):
 
     run_dir = tmp_path / "run"
     proc = run_cli(["hardware=local", f"hydra.searchpath=[file://{sweep['conf']}]", f"data.root={tiny_dataset}",
-                    "trainer.epochs=1", "trainer.max_steps=3", "trainer.progress=false", "trainer.tensorboard=false",
+                    "trainer.epochs=1", "trainer.max_steps=3", "trainer.progress=false", "logger=[]",
                     f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     resolved = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())

@@ -72,7 +72,7 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
              callbacks: list) -> list[dict]:
     """Data, model and Trainer built from their config sections and trained (or validated), with the run dir held
     by this run."""
-    from train import checkpoint, dist
+    from train import checkpoint, dist, trackers
     from train.build import instantiate
     from train.data import build_data, build_sources
     from train.engine import Trainer
@@ -80,9 +80,10 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
     from train.monitoring import Monitor
 
     tc = cfg.trainer
-    monitor = Monitor.from_config(tc, env, device, run_dir)  # a taken metrics port fails before any worker
+    monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken port, a missing tracker: before any worker
     recipe = instantiate("augment", cfg.augment)
     heartbeat = trainer = None
+    ended = trackers.FAILED  # how the trackers' runs are closed
     try:
         with build_data(cfg.data, build_sources(cfg.dataset, cfg.data), recipe, plan, env, device, seed=tc.seed,
                         epochs=tc.epochs, channels_last=tc.channels_last) as data:  # workers end with the run
@@ -96,10 +97,16 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
             restarted = dist.any_rank(env.restart_count) > 0
             resume_path = checkpoint.find_resume_path(tc.resume, run_dir, restarted=restarted)
             if tc.mode == "validate":
-                return [trainer.validate(Path(tc.resume))]
-            if resume_path is not None:
-                trainer.resume(resume_path)
-            return trainer.fit()
+                records = [trainer.validate(Path(tc.resume))]
+            else:
+                if resume_path is not None:
+                    trainer.resume(resume_path)
+                records = trainer.fit()
+        ended = trackers.FINISHED
+        return records
+    except Stopped:
+        ended = trackers.STOPPED
+        raise
     except RuntimeError as err:
         if heartbeat is None or not is_collective_failure(err):
             raise
@@ -110,7 +117,7 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
     finally:
         if heartbeat is not None:
             heartbeat.stop()
-        monitor.close()
+        monitor.close(ended)
         dist.destroy_process_group()
 
 

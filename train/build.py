@@ -29,6 +29,17 @@ def instantiate(key: str, spec: Any, *args: Any, **kwargs: Any) -> Any:
         raise ConfigError(f"{key}._target_={target} failed to build: {reason}") from err
 
 
+def require_extra(module: str, extra: str, key: str):
+    """Import an optional library (a tracker's, timm), or fail in one line naming the pip extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ConfigError(f"{key}: needs {module}, which is not installed ({err}); pip install 'loadout[{extra}]'") \
+            from err
+
+
 def fitted_spec(key: str, spec: Any, optional: tuple[str, ...]) -> Any:
     """`spec` without the `optional` keys its `_target_` does not take: a group's file passes them to loadout's own
     classes (dataset `root`, model `name`), and `<key>._target_=your.Class` on the command line keeps them."""

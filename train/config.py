@@ -33,6 +33,8 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 RENAMED = {
     "trainer.amp": "trainer.precision (auto | bf16 | fp16 | fp32; auto picks bf16 where the device runs it natively)",
     "trainer.cpu_bf16": "trainer.precision (auto | bf16 | fp32 on a CPU; auto = bf16 where the CPU has it natively)",
+    "trainer.tensorboard": "the logger group (a list of trackers: logger=[tensorboard,csv]; logger=[] for none)",
+    "data.dataset": "dataset=<name> (the dataset group: conf/dataset/*.yaml)",
 }
 # Group options that were renamed: `augment=seed` is refused in one line naming the new option.
 RENAMED_OPTIONS = {"augment/seed": "augment=crop_flip"}
@@ -103,8 +105,8 @@ class TrainerConfig:
     keep_checkpoints: int = 2  # last.pt and the ones before it (last.1.pt, ...): resume=auto takes the newest readable
     on_nonfinite: str = "stop"  # a NaN/inf loss: stop (the checkpoints keep the last finite state) | skip the step
     nonfinite_skips: int = 10  # with skip: steps skipped in a row before the run stops anyway
+    grad_clip: float | None = None  # clip the gradients' total norm to this (after fp16's unscale); null = off
     progress: bool = True
-    tensorboard: bool = True  # scalars in the run dir (rank 0): `make tensorboard`
     metrics_port: int | None = None  # Prometheus /metrics on this port + LOCAL_RANK; null = off
     metrics_host: str = "127.0.0.1"  # address the endpoint binds; 0.0.0.0 in a container Prometheus scrapes
 
@@ -121,6 +123,8 @@ class LoadoutConfig:
     augment: Any = None
     # name -> {_target_: importable class, its arguments}: objects the Trainer calls back (train/engine.py)
     callbacks: dict[str, Any] = field(default_factory=dict)
+    # name -> tracker spec: the `logger` group, a list (logger=[tensorboard,mlflow]); train/trackers/
+    logger: dict[str, Any] = field(default_factory=dict)
 
 
 def _if_cuda(on_cuda: Any, otherwise: Any) -> Any:
@@ -227,6 +231,8 @@ def validate(cfg: Any) -> None:
         _fail("trainer.precision", trainer.precision, "use auto, bf16, fp16 or fp32")
     if trainer.precision == "fp16" and trainer.device == "cpu":
         _fail("trainer.precision", "fp16", "fp16 (with its GradScaler) is for CUDA; on a CPU use bf16, fp32 or auto")
+    if trainer.grad_clip is not None and trainer.grad_clip <= 0:
+        _fail("trainer.grad_clip", trainer.grad_clip, "use a positive norm (e.g. 1.0) or null")
     mbs = trainer.micro_batch_size
     if not (mbs is None or mbs == "auto" or (isinstance(mbs, int) and not isinstance(mbs, bool) and mbs >= 1)):
         _fail("trainer.micro_batch_size", mbs, "use null (the whole batch), auto, or a positive integer")

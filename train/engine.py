@@ -45,7 +45,7 @@ class Trainer:
                  callbacks: Sequence = (), model_name: str = "the model"):
         self.tc, self.env, self.device, self.data, self.run_dir = tc, env, device, data, run_dir
         self.step, self.plan, self.model_name = step, plan, model_name
-        self.monitor = monitor or Monitor()  # TensorBoard / Prometheus; closed by whoever built it
+        self.monitor = monitor or Monitor()  # trackers / Prometheus; closed by whoever built it
         self.memory = self.monitor.sampler.start(MEMORY_INTERVAL_S)  # each epoch's peak PSS, off the step loop
         self.stop = stop or StopSignal()  # installed by whoever built it (python -m train); asked after each step
         self.agreement = RankAgreement()  # the stop signal and the micro-batch size, agreed one step later
@@ -82,7 +82,8 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def parts(self) -> dict[str, checkpoint.Stateful]:
-        return {**self.step.stateful(), "progress": self.progress, "plan": self.plan, "loader": self.positions}
+        return {**self.step.stateful(), "progress": self.progress, "plan": self.plan, "loader": self.positions,
+                "trackers": self.monitor.trackers}
 
     def save(self, best: bool = False) -> None:
         """Called by every rank at the same step; rank 0 writes last.pt (and best.pt when `best`). The barrier
@@ -110,8 +111,9 @@ class Trainer:
         self.load_model(parts.pop("model"), state, path)
         self.step.load_scaler(state.get("scaler", {}))  # from any device and precision
         del parts["scaler"]
-        if "micro_batch" not in state:  # written before trainer.micro_batch_size
-            del parts["micro_batch"]
+        for name in ("micro_batch", "trackers"):  # written before trainer.micro_batch_size / the logger group
+            if name not in state:
+                del parts[name]
         if saved.total_steps != self.plan.total_steps:  # trainer.epochs changed: re-planned below
             del parts["scheduler"]
         if progress.batch_in_epoch >= len(self.data.train):  # stopped after the epoch's last batch: no position
@@ -234,7 +236,8 @@ class Trainer:
                 self.diverge(str(err))
             self.progress.step += updated
             # no .item(): the GPU is not synced every step
-            meter.stepped(len(batch), loss, batch.bad, batch.decode_fallbacks)
+            meter.stepped(len(batch), loss, batch.bad, batch.decode_fallbacks,
+                          *((self.step.grad_norm, self.step.scheduler.get_last_lr()[0]) if updated else ()))
             self.monitor.on_step(self.progress.step, meter)
             if not updated:
                 continue

@@ -47,6 +47,9 @@ WINDOW = _table(
     Metric("images_per_s", "Training images/s over the last window", "loadout_images_per_second"),
     Metric("data_wait_frac", "Share of the last window spent waiting for data", "loadout_data_wait_ratio"),
     Metric("first_batch_s", "Latency of this epoch's first batch", "loadout_first_batch_seconds"),
+    Metric("lr", "Learning rate after the last step", "loadout_learning_rate"),
+    Metric("grad_norm", "Mean total gradient norm of the window's optimizer steps (before clipping)",
+           "loadout_grad_norm"),
 )
 # Running totals: Prometheus counters (rate() gives throughput and data wait over any range).
 TOTALS = _table(
@@ -61,7 +64,11 @@ EPOCH = _table(
     Metric("train_loss", "Mean training loss of the epoch", shown="train_loss {:.4f}"),
     Metric("val_loss", "Validation loss after the epoch", "loadout_val_loss", "val_loss {:.4f}"),
     Metric("val_acc", "Validation accuracy after the epoch", "loadout_val_accuracy", "val_acc {:.3f}"),
+    Metric("val_top5", "Validation top-5 accuracy after the epoch", "loadout_val_top5_accuracy", "top5 {:.3f}"),
     Metric("val_samples", "Validation samples counted (each once over all ranks)"),
+    Metric("lr", "Learning rate at the epoch's end", shown="lr {:.3g}"),
+    Metric("grad_norm", "Mean total gradient norm of the epoch's optimizer steps (before clipping)",
+           shown="grad_norm {:.3g}"),
     Metric("images_per_s", "Training images/s over the epoch, all ranks", shown="{:.0f} img/s"),
     Metric("data_wait_frac", "Share of the epoch spent waiting for data (slowest rank)", shown="data_wait {:.1%}"),
     Metric("first_batch_s", "Latency of the epoch's first batch", shown="first_batch {:.2f}s"),
@@ -138,7 +145,10 @@ class EpochMeter:
     steps: int = 0
     bad_samples: int = 0
     decode_fallbacks: int = 0
+    updates: int = 0  # optimizer steps
+    lr: float | None = None  # after the last optimizer step
     _loss_sum: torch.Tensor | float = 0.0  # kept on the loss's device: no sync per step
+    _grad_norm_sum: torch.Tensor | float = 0.0  # likewise
     _mark: float = 0.0
 
     def __post_init__(self) -> None:
@@ -153,7 +163,14 @@ class EpochMeter:
             self.first_batch_s = now - self.start
         self._mark = now
 
-    def stepped(self, batch_size: int, loss: torch.Tensor | float = 0.0, bad: int = 0, fallbacks: int = 0) -> None:
+    def stepped(self, batch_size: int, loss: torch.Tensor | float = 0.0, bad: int = 0, fallbacks: int = 0,
+                grad_norm: torch.Tensor | None = None, lr: float | None = None) -> None:
+        """A batch's step was queued; `grad_norm` and `lr` when the optimizer stepped."""
+        if grad_norm is not None:
+            self.updates += 1
+            self._grad_norm_sum = self._grad_norm_sum + grad_norm
+        if lr is not None:
+            self.lr = lr
         self.images += batch_size
         self.steps += 1
         self._loss_sum = self._loss_sum + loss * batch_size
@@ -167,12 +184,18 @@ class EpochMeter:
             torch.cuda.synchronize(self.device)
         self.start = self._mark = time.perf_counter()
         self.data_wait_s, self.images, self.steps, self._loss_sum = 0.0, 0, 0, 0.0
+        self.updates, self._grad_norm_sum = 0, 0.0
         self.bad_samples = self.decode_fallbacks = 0
 
     @property
     def loss_sum(self) -> float:
         """Sum of loss x batch size so far (reading it waits for the device)."""
         return float(self._loss_sum)
+
+    @property
+    def grad_norm_sum(self) -> float:
+        """Sum of the optimizer steps' gradient norms so far (reading it waits for the device)."""
+        return float(self._grad_norm_sum)
 
     def summary(self) -> dict:
         if self.device.type == "cuda":
@@ -193,6 +216,8 @@ class EpochMeter:
             "epoch_s": elapsed,
             "peak_pss_mb": self.memory.take_peak() / MIB if self.memory is not None else float("nan"),
             "bad_samples": self.bad_samples,
+            **({"lr": self.lr} if self.lr is not None else {}),
+            **({"grad_norm": self.grad_norm_sum / self.updates} if self.updates else {}),
             "decode_fallbacks": self.decode_fallbacks,
             "images": self.images,
             **gpu,

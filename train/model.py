@@ -1,6 +1,6 @@
 """The model from the `model:` config group: any `_target_` that builds an nn.Module given `num_classes`
-(torchvision's classifiers by name: `torchvision_model`), optionally started from a state dict on disk
-(model.weights), then moved to the device (+ channels_last). Weights are never downloaded."""
+(torchvision's classifiers by name: `torchvision_model`; timm's: `timm_model`), optionally started from a state
+dict on disk (model.weights), then moved to the device (+ channels_last). Weights are never downloaded."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torchvision
 from omegaconf import OmegaConf
 
-from train.build import fitted_spec, instantiate
+from train.build import fitted_spec, instantiate, require_extra
 from train.checkpoint import read_weights_only
 from train.config import ConfigError
 
@@ -21,6 +21,16 @@ def torchvision_model(name: str, num_classes: int) -> torch.nn.Module:
     except ValueError as err:
         raise ConfigError(f"model.name={name!r}: not a torchvision model ({err}); e.g. resnet18, resnet50, "
                           "mobilenet_v3_small") from err
+
+
+def timm_model(name: str, num_classes: int, **kwargs) -> torch.nn.Module:
+    """model=timm: any of timm's models by name, untrained (pretrained=False: nothing is downloaded); other keys go
+    to timm.create_model (`+model.drop_path_rate=0.1`)."""
+    timm = require_extra("timm", "timm", "model=timm")
+    if not timm.is_model(name):
+        raise ConfigError(f"model.name={name!r}: not a timm model; list them with python -c \"import timm; "
+                          f"print(timm.list_models('{name[:4]}*'))\" (e.g. resnet50, vit_small_patch16_224)")
+    return timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
 
 
 def build_model(model_cfg, num_classes: int, device: torch.device, *, channels_last: bool = False) -> torch.nn.Module:

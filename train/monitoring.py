@@ -1,10 +1,10 @@
-"""Live loader health, the sinks of train/metrics.py: TensorBoard scalars (rank 0) and a Prometheus endpoint (each
-rank: port + LOCAL_RANK).
+"""Live loader health, the sinks of train/metrics.py: rank 0's experiment trackers (the `logger` group,
+train/trackers/) and a Prometheus endpoint (each rank: port + LOCAL_RANK).
 
 The engine calls `Monitor.on_step` after every step and `Monitor.on_epoch` after every epoch. Per step that
 is a clock read until `interval_s` has passed, then one flush of windowed figures (loss, images/s, data-wait
-fraction) and, for TensorBoard, one memory sample. Prometheus reads memory at scrape time through a collector, so
-worker memory stays live while the loop waits on data or evaluates.
+fraction, lr, gradient norm) and, for the trackers, one memory sample. Prometheus reads memory at scrape time
+through a collector, so worker memory stays live while the loop waits on data or evaluates.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from train.config import ConfigError
 from train.dist import DistEnv
 from train.memory import MemorySampler
 from train.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY, EpochMeter, memory_figures
+from train.trackers import FINISHED, Trackers
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ class StepWindow:
     data_wait_s: float
     bad_samples: int
     first_batch_s: float | None
+    lr: float | None = None
+    grad_norm: float | None = None
 
     @property
     def images_per_s(self) -> float:
@@ -54,7 +57,8 @@ class StepWindow:
     def figures(self) -> dict[str, float | None]:
         """The `WINDOW` figures (None: none this window, e.g. no loss when every sample was unreadable)."""
         return {"step": self.step, "loss": self.loss if self.images else None, "images_per_s": self.images_per_s,
-                "data_wait_frac": self.data_wait_frac, "first_batch_s": self.first_batch_s}
+                "data_wait_frac": self.data_wait_frac, "first_batch_s": self.first_batch_s, "lr": self.lr,
+                "grad_norm": self.grad_norm}
 
 
 class _WindowTracker:
@@ -62,7 +66,7 @@ class _WindowTracker:
 
     def __init__(self) -> None:
         self._meter: EpochMeter | None = None
-        self._images = self._wait = self._loss = self._bad = 0.0
+        self._images = self._wait = self._loss = self._bad = self._updates = self._norms = 0.0
         self._t = self._last_t = 0.0
         self._last_step = 0
 
@@ -71,7 +75,7 @@ class _WindowTracker:
         fresh = meter is not self._meter
         if fresh:
             self._meter, self._t = meter, meter.start
-            self._images = self._wait = self._loss = self._bad = 0.0
+            self._images = self._wait = self._loss = self._bad = self._updates = self._norms = 0.0
         self._last_step, self._last_t = step, now
         return fresh or now - self._t >= interval_s
 
@@ -80,43 +84,19 @@ class _WindowTracker:
         meter = self._meter
         if meter is None or self._last_t <= self._t:
             return None
-        images = meter.images - self._images
+        images, updates, norms = meter.images - self._images, meter.updates - self._updates, meter.grad_norm_sum
         window = StepWindow(
             step=self._last_step, loss=(meter.loss_sum - self._loss) / images if images else math.nan,
             images=int(images), elapsed_s=self._last_t - self._t, data_wait_s=meter.data_wait_s - self._wait,
-            bad_samples=int(meter.bad_samples - self._bad), first_batch_s=meter.first_batch_s)
-        self._images, self._wait = meter.images, meter.data_wait_s
+            bad_samples=int(meter.bad_samples - self._bad), first_batch_s=meter.first_batch_s, lr=meter.lr,
+            grad_norm=(norms - self._norms) / updates if updates else None)
+        self._images, self._wait, self._updates, self._norms = meter.images, meter.data_wait_s, meter.updates, norms
         self._loss, self._bad = meter.loss_sum, meter.bad_samples
         self._t = self._last_t
         return window
 
 
 # -- sinks ---------------------------------------------------------------------------------------------------
-class TensorBoardSink:
-    """Scalars in the run dir (one event file per process start; resumed runs purge the steps they redo)."""
-
-    def __init__(self, log_dir: Path, flush_secs: int = 10):
-        self.log_dir, self.flush_secs = log_dir, flush_secs
-        self._writer = None
-
-    def _w(self, step: int):
-        if self._writer is None:  # lazily, so a resumed run knows its step and purges the crashed run's tail
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(str(self.log_dir), purge_step=step, flush_secs=self.flush_secs)
-        return self._writer
-
-    def write(self, step: int, scalars: dict[str, float]) -> None:
-        writer = self._w(step)
-        for tag, value in scalars.items():
-            if value is not None and math.isfinite(value):
-                writer.add_scalar(tag, value, step)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-
-
 class _MemoryCollector(Collector):
     """Memory read at scrape time: live even while the loop is stalled on data or evaluating."""
 
@@ -189,26 +169,26 @@ class PrometheusSink:
 class Monitor:
     """What the engine calls; a Monitor with no sinks does nothing (the default in Trainer)."""
 
-    def __init__(self, tensorboard: TensorBoardSink | None = None, prometheus: PrometheusSink | None = None,
+    def __init__(self, trackers: Trackers | None = None, prometheus: PrometheusSink | None = None,
                  sampler: MemorySampler | None = None, interval_s: float = 2.0):
-        self.tensorboard, self.prometheus = tensorboard, prometheus
+        self.trackers, self.prometheus = trackers or Trackers(), prometheus
         self.sampler = sampler or MemorySampler()
         self.interval_s = interval_s
         self._window = _WindowTracker()
 
     @classmethod
-    def from_config(cls, tc, env: DistEnv, device: torch.device, run_dir: Path) -> Monitor:
-        """From the `trainer:` section: TensorBoard on rank 0 if trainer.tensorboard; Prometheus on every rank if
+    def from_config(cls, cfg, env: DistEnv, device: torch.device, run_dir: Path) -> Monitor:
+        """From a composed config: the `logger:` section's trackers on rank 0; Prometheus on every rank if
         trainer.metrics_port."""
         sampler = MemorySampler(device)
-        tb = TensorBoardSink(run_dir) if tc.tensorboard and env.is_main else None
+        tc = cfg.trainer
         prom = PrometheusSink(tc.metrics_port, tc.metrics_host, env, sampler) if tc.metrics_port is not None \
             else None
-        return cls(tb, prom, sampler)
+        return cls(Trackers.from_config(cfg, run_dir, env.is_main), prom, sampler)
 
     @property
     def enabled(self) -> bool:
-        return self.tensorboard is not None or self.prometheus is not None
+        return bool(self.trackers) or self.prometheus is not None
 
     def on_step(self, step: int, meter: EpochMeter) -> None:
         """After each training step; flushes at most every `interval_s` (and at an epoch's first step)."""
@@ -220,13 +200,13 @@ class Monitor:
             return
         if self.prometheus is not None:
             self.prometheus.write(window)
-        if self.tensorboard is not None:
+        if self.trackers:
             mem = self.sampler.latest  # the sampler's thread keeps it fresh once the loop runs
             if mem is None or mem.taken < time.perf_counter() - window.elapsed_s:  # from before this window
                 mem = self.sampler.sample()
             scalars = {f"train/{key}": value for key, value in window.figures().items() if key != "step"}
             scalars.update((f"memory/{key}", value) for key, value in memory_figures(self.sampler, mem).items())
-            self.tensorboard.write(window.step, scalars)
+            self.trackers.log_window(window.step, scalars)
 
     def on_epoch(self, step: int, record: dict) -> None:
         """After each epoch with its (rank-reduced) record: the epoch's last window, then every numeric field
@@ -235,12 +215,12 @@ class Monitor:
             self._flush(self._window.take())
         if self.prometheus is not None:
             self.prometheus.write_epoch(record)
-        if self.tensorboard is not None:
-            self.tensorboard.write(step, {f"epoch/{key}": float(record[key]) for key in EPOCH
-                                          if key != "epoch" and isinstance(record.get(key), int | float)})
+        if self.trackers:
+            self.trackers.log_epoch(step, record)
 
-    def close(self) -> None:
+    def close(self, status: str = FINISHED) -> None:
+        """After the run: `status` (train/trackers: FINISHED, STOPPED, FAILED) closes the trackers' runs."""
         self.sampler.stop()
-        for sink in (self.tensorboard, self.prometheus):
-            if sink is not None:
-                sink.close()
+        self.trackers.finish(status)
+        if self.prometheus is not None:
+            self.prometheus.close()

@@ -79,6 +79,8 @@ class TrainStep:
         self.watch = NonFiniteWatch(device)
         self.skipped = self.skipped_in_row = 0  # non-finite steps skipped (fp16: steps the GradScaler skipped)
         self._syncing = False  # in the backward that all-reduces gradients: running out of memory there is final
+        self.grad_clip = tc.grad_clip
+        self.grad_norm = torch.zeros((), device=device)  # the last optimizer step's, before clipping (not synced)
 
     @classmethod
     def from_config(cls, cfg, env: DistEnv, device: torch.device, model: torch.nn.Module, total_steps: int,
@@ -182,12 +184,13 @@ class TrainStep:
                     self.micro_batch.size * 2, self.micro_batch.size)
 
     def _optimizer_step(self) -> None:
+        self.grad_norm = self._clip()
         if self.scaler.is_enabled():  # fp16: step reads found-inf on the host; the scale shrinks on a skipped step
             self.scaler.step(self.optimizer)
             self.scaler.update()
             scale, self._scale = self._scale, self.scaler.get_scale()
             stepped = self._scale >= scale
-        elif self.skip_nonfinite and not self._gradients_finite():
+        elif self.skip_nonfinite and not bool(torch.isfinite(self.grad_norm)):  # read on the host: a sync
             stepped = False
         else:
             self.optimizer.step()
@@ -204,13 +207,19 @@ class TrainStep:
         if self.scaler.is_enabled() and self._scale < SCALE_FLOOR:
             raise Diverged(f"fp16's loss scale fell to {self._scale:g}: the gradients overflow even unscaled")
 
-    def _gradients_finite(self) -> bool:
-        """All gradients finite, read on the host: after DDP's all-reduce every rank reads the same answer."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads:
-            return True
-        norms = torch.stack([torch.linalg.vector_norm(grad.detach().float()) for grad in grads])
-        return bool(torch.isfinite(norms).all())
+    def _clip(self) -> torch.Tensor:
+        """The gradients' total norm (a device tensor, not read here: no sync), clipped to trainer.grad_clip. After
+        DDP's all-reduce every rank has the same gradients, so the same norm. fp16's gradients are unscaled first
+        (scaler.step then does not unscale them again)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return torch.zeros((), device=self.device)
+        if self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if self.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+        return norm.detach()
 
     def drop_partial(self) -> None:
         """At an epoch's end, batches short of a whole accumulation are dropped, as drop_last drops a short
@@ -220,27 +229,28 @@ class TrainStep:
             self.micro = 0
 
     def evaluate_all(self, batches: Iterable[Batch]) -> dict:
-        """val_loss, val_acc and val_samples over `batches`, summed over all ranks (each sample counted once); the
-        device is read once, after the last batch."""
+        """val_loss, val_acc, val_top5 and val_samples over `batches`, summed over all ranks (each sample counted
+        once); the device is read once, after the last batch."""
         self.ddp.eval()
-        loss_sum, correct, count = torch.zeros((), device=self.device), torch.zeros((), device=self.device), 0
+        sums, count = torch.zeros(3, dtype=torch.float64, device=self.device), 0
         for batch in batches:
             if len(batch):
-                loss, right = self.evaluate(batch)
-                loss_sum, correct, count = loss_sum + loss, correct + right, count + len(batch)
-        sums = torch.stack([loss_sum.double(), correct.double()]).tolist()
-        loss_sum, correct, count = all_reduce_sum([*sums, count], self.device)
-        return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1), "val_samples": int(count)}
+                sums, count = sums + self.evaluate(batch), count + len(batch)
+        loss_sum, correct, top5, count = all_reduce_sum([*sums.tolist(), count], self.device)
+        count = max(count, 1)
+        return {"val_loss": loss_sum / count, "val_acc": correct / count, "val_top5": top5 / count,
+                "val_samples": int(count)}
 
     @torch.no_grad()
-    def evaluate(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed loss, correct predictions) over one validation batch, as device tensors: the loop sums them and
-        reads them once, after the last batch."""
-        loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), dtype=torch.long, device=self.device)
+    def evaluate(self, batch: Batch) -> torch.Tensor:
+        """(summed loss, top-1 correct, top-5 correct) over one validation batch, one device tensor: the loop sums
+        them and reads them once, after the last batch. Top-5 is top-k with k = min(5, classes)."""
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         for images, targets in self._slices(batch.images, batch.targets):
             with precision.autocast(self.device, self.precision):
                 logits = self._forward(images)
-            loss_sum += self.criterion(logits.float(), targets) * targets.numel()
-            correct += (logits.argmax(1) == targets).sum()
-        return loss_sum, correct
+            best = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            hits = best == targets[:, None]
+            sums += torch.stack([self.criterion(logits.float(), targets).double() * targets.numel(),
+                                 hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
+        return sums

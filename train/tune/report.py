@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
+import logging
 import os
 import platform
 from collections import defaultdict
@@ -13,6 +15,8 @@ import psutil
 import torch
 
 from train.data.plan import usable_cores
+
+log = logging.getLogger(__name__)
 
 CSV_FIELDS = ("job", "status", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size",
               "image_size", "images_per_s", "images_per_s_min", "images_per_s_max", "images_per_s_spread",
@@ -185,7 +189,9 @@ def write_report(sweep_dir: Path, results: list[dict], machine: dict, extra: dic
     payload = {"machine": machine, "dataset": dataset, **extra, "results": results}
     paths["json"].write_text(json.dumps(payload, indent=2) + "\n")
     write_csv([flat_row(r) for r in results], paths["csv"])
-    if draw and any(r["status"] == "ok" for r in results):
+    if draw and any(r["status"] == "ok" for r in results) and importlib.util.find_spec("matplotlib") is None:
+        log.info("tune.png not drawn: matplotlib is not installed (pip install 'loadout[plots]')")
+    elif draw and any(r["status"] == "ok" for r in results):
         paths["png"] = sweep_dir / "tune.png"
         name = f"{dataset['name']} at {dataset['root']}" if dataset else "?"
         plot(results, paths["png"], f"{describe_machine(machine)} | dataset {name}")

@@ -1,0 +1,200 @@
+"""The `logger` group with real trackers: an MLflow tracking server started here (SQLite backend) queried through
+MLflow's client after a run, a SIGTERM and its resume; W&B in offline mode, its run files read back; the CSV table;
+a tracker whose library is missing; and the figures every record carries (lr, grad_norm, val_top5) with
+trainer.grad_clip."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import struct
+import subprocess
+import sys
+import urllib.request
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import RECORD_SAMPLES, ROOT, free_port, read_metrics, run_cli, training_at, wait_for
+from train.config import TrainerConfig
+from train.data.batch import Batch
+from train.dist import DistEnv
+from train.schedule import warmup_cosine
+from train.step import TrainStep
+
+STEPS_PER_EPOCH = 15  # tiny_dataset: 240 training images / batch 16
+
+
+def args(root: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=16", "data.num_workers=1",
+            "trainer.epochs=2", "trainer.progress=false", RECORD_SAMPLES, f"hydra.run.dir={run_dir}", *extra]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """`mlflow server` on 127.0.0.1 with a SQLite backend, as a team runs it."""
+    home = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    with open(home / "server.log", "w") as log:
+        server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
+                                   "--port", str(port), "--workers", "1", "--backend-store-uri",
+                                   f"sqlite:///{home / 'mlflow.db'}", "--default-artifact-root",
+                                   str(home / "artifacts")], stdout=log, stderr=subprocess.STDOUT, cwd=home)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert server.poll() is None, (home / "server.log").read_text()[-2000:]
+        try:
+            return urllib.request.urlopen(f"{url}/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    wait_for(healthy, 120, "the MLflow server", interval=0.5)
+    yield url
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def mlflow_runs(url: str, experiment: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(url)
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id]) if found else []
+
+
+def steps_of(url: str, run_id: str, key: str) -> list[int]:
+    from mlflow import MlflowClient
+
+    return sorted(m.step for m in MlflowClient(url).get_metric_history(run_id, key))
+
+
+@pytest.mark.slow
+def test_mlflow_keeps_one_run_through_a_sigterm_and_its_resume(mlflow_server, tiny_dataset, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": mlflow_server}
+    cmd = args(tiny_dataset, run_dir, "logger=[mlflow,csv]", "logger.mlflow.experiment=preempted")
+    proc = subprocess.Popen([sys.executable, "-m", "train", *cmd], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: training_at(run_dir) >= (1, 2), 300, "epoch 2 to be under way")
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, out[-3000:]
+
+    (stopped,) = mlflow_runs(mlflow_server, "preempted")
+    assert stopped.info.status == "KILLED"
+    params = stopped.data.params
+    assert params["data.batch_size"] == "16" and params["trainer.epochs"] == "2"
+    assert params["logger.mlflow._target_"] == "train.trackers.mlflow_run.MLflowTracker"
+    assert steps_of(mlflow_server, stopped.info.run_id, "epoch/val_acc") == [STEPS_PER_EPOCH]
+
+    resumed = run_cli([*cmd, "trainer.resume=auto"], cwd=tmp_path, env={"MLFLOW_TRACKING_URI": mlflow_server})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (run,) = mlflow_runs(mlflow_server, "preempted")  # the same run, continued: never a second one
+    assert run.info.run_id == stopped.info.run_id and run.info.status == "FINISHED"
+    assert steps_of(mlflow_server, run.info.run_id, "epoch/val_acc") == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+    for key in ("epoch/val_top5", "epoch/lr", "epoch/grad_norm", "train/loss", "train/lr", "train/grad_norm",
+                "train/images_per_s", "memory/main_pss_bytes"):
+        assert key in run.data.metrics, key
+    assert run.data.metrics["epoch/val_acc"] == read_metrics(run_dir)[-1]["val_acc"]
+
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["epoch"], row["step"]) for row in rows] == [("1", "15"), ("2", "30")]
+    assert float(rows[-1]["val_top5"]) == pytest.approx(read_metrics(run_dir)[-1]["val_top5"])
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a W&B run file (`run-<id>.wandb`): LevelDB's log format (32 KiB blocks, a 7-byte
+    header per chunk) after W&B's 7-byte file header."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, chunks = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == length == 0:
+            break
+        chunks += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = Record()
+            record.ParseFromString(chunks)
+            chunks = b""
+            yield record
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_is_continued_by_a_resume(tiny_dataset, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    first = run_cli(args(tiny_dataset, run_dir, "logger=[wandb]", "trainer.max_steps=5"), cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_cli(args(tiny_dataset, run_dir, "logger=[wandb]", "trainer.resume=auto"), cwd=tmp_path, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 2 and files[0].name == files[1].name, files  # one W&B run id, written by both processes
+    runs, steps, config = [], [], {}
+    for path in files:
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                runs.append(record.run.run_id)
+                config.update({item.key: item.value_json for item in record.run.config.update})
+            elif kind == "history":
+                keys = {"/".join(item.nested_key) or item.key for item in record.history.item}
+                if "epoch/val_acc" in keys:
+                    steps.append(record.history.step.num)
+    assert len(set(runs)) == 1 and files[0].name == f"run-{runs[0]}.wandb"
+    assert steps == [5, STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]  # max_steps cut epoch 1 at 5; the resume finished it
+    assert config["data.batch_size"] == '"16"'
+
+
+def test_a_tracker_whose_library_is_missing_fails_in_one_line_naming_the_extra(tiny_dataset, tmp_path):
+    shadow = tmp_path / "shadow" / "mlflow"  # an import of mlflow that fails, as where it was never installed
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('No module named mlflow')\n")
+    result = run_cli(args(tiny_dataset, tmp_path / "run", "logger=[tensorboard,mlflow]"), cwd=tmp_path,
+                     env={"PYTHONPATH": f"{shadow.parent}:{ROOT}"})
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "logger=mlflow" in errors[0] and "pip install 'loadout[mlflow]'" in errors[0], \
+        result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_grad_clip_bounds_the_update_and_grad_norm_is_the_norm_before_clipping():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))
+    batch = Batch(torch.rand(4, 3, 8, 8) * 50, torch.arange(4))
+
+    def one_step(clip: float | None) -> tuple[float, float]:
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))
+        net.load_state_dict(model.state_dict())
+        step = TrainStep(TrainerConfig(precision="fp32", grad_clip=clip), DistEnv(), torch.device("cpu"), net,
+                         optimizer=partial(torch.optim.SGD, lr=1.0), schedule=warmup_cosine,
+                         batch_size=4, total_steps=10, input_shape=(3, 8, 8))
+        before = torch.cat([p.detach().flatten().clone() for p in net.parameters()])
+        step(batch)
+        after = torch.cat([p.detach().flatten() for p in net.parameters()])
+        return float(step.grad_norm), float(torch.linalg.vector_norm(after - before))
+
+    norm, moved = one_step(None)
+    assert norm > 1 and moved == pytest.approx(norm, rel=1e-4)  # SGD at lr 1 moves by the gradient
+    clipped_norm, clipped_moved = one_step(0.5)
+    assert clipped_norm == pytest.approx(norm, rel=1e-5) and clipped_moved == pytest.approx(0.5, rel=1e-3)
+
+
+def test_a_run_records_lr_grad_norm_and_top5(small_run_args):
+    result = run_cli([*small_run_args, "trainer.epochs=1", "trainer.max_steps=4", "logger=[]"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    (record,) = read_metrics(Path(small_run_args[-1].split("=", 1)[1]))
+    assert record["val_acc"] <= record["val_top5"] <= 1 and record["grad_norm"] > 0 and record["lr"] > 0
+    assert "top5 " in result.stdout and "grad_norm " in result.stdout  # the epoch line

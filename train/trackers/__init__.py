@@ -1,0 +1,115 @@
+"""Experiment trackers, the `logger` config group: `logger=[tensorboard,mlflow]` (tensorboard, csv, mlflow, wandb, or
+a `_target_` of your own that subclasses `Tracker`).
+
+Rank 0 alone logs. Each tracker gets the composed config once (flattened to dotted keys), every window of step
+figures and every epoch record (train/monitoring.py calls them). The trackers' run ids are a part of every
+checkpoint, so a resumed run (trainer.resume=auto, a torchrun restart, a Slurm requeue) continues the *same* tracker
+run. A tracker whose library is not installed fails at start in one line naming the extra that installs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from train.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+FINISHED, STOPPED, FAILED = "finished", "stopped", "failed"  # how a run ended (stopped: by a signal, resumable)
+
+
+class Tracker:
+    """One tracker. `start` opens (or, given the saved `run_id`, reopens) its run and returns the id to save;
+    `step` is the optimizer step the run starts or resumes at."""
+
+    def start(self, run_id: str | None, params: dict[str, str], step: int) -> str | None:
+        return None
+
+    def log_window(self, step: int, scalars: dict[str, float]) -> None:
+        """A window of step figures: `train/<key>` and `memory/<key>` (train/metrics.py's WINDOW and MEMORY)."""
+
+    def log_epoch(self, step: int, record: dict[str, Any]) -> None:
+        """One epoch's record, as in metrics.jsonl (train/metrics.py's EPOCH)."""
+
+    def finish(self, status: str) -> None:
+        """The run ended: FINISHED, STOPPED (by a signal; a resume continues it) or FAILED."""
+
+
+def flat_params(cfg: Any) -> dict[str, str]:
+    """A composed config as `section.key` -> value text: every tracker's run parameters."""
+    flat: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        else:
+            flat[prefix] = str(node)
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat
+
+
+class Trackers:
+    """Rank 0's trackers, started on the first log (after a resume has restored their run ids), and their run ids
+    as a Stateful checkpoint part."""
+
+    def __init__(self, trackers: dict[str, Tracker] | None = None, params: dict[str, str] | None = None):
+        self.trackers, self.params = trackers or {}, params or {}
+        self.run_ids: dict[str, str] = {}
+        self._started = False
+
+    @classmethod
+    def from_config(cls, cfg: Any, run_dir: Path, is_main: bool) -> Trackers:
+        """The `logger:` section's trackers on rank 0 (none elsewhere), each built with `run_dir`."""
+        from train.build import instantiate
+
+        if not is_main or not cfg.get("logger"):
+            return cls()
+        trackers = {name: instantiate(f"logger.{name}", spec, run_dir=run_dir) for name, spec in cfg.logger.items()}
+        for name, tracker in trackers.items():
+            if not isinstance(tracker, Tracker):
+                raise ConfigError(f"logger.{name}._target_: built a {type(tracker).__name__}, not a "
+                                  "train.trackers.Tracker")
+        return cls(trackers, flat_params(cfg))
+
+    def __bool__(self) -> bool:
+        return bool(self.trackers)
+
+    def state_dict(self) -> dict:
+        return dict(self.run_ids)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.run_ids = {**state, **self.run_ids} if self._started else dict(state)
+
+    def _start(self, step: int) -> None:
+        if self._started:
+            return
+        self._started = True
+        for name, tracker in self.trackers.items():
+            run_id = tracker.start(self.run_ids.get(name), self.params, step)
+            if run_id is not None:
+                self.run_ids[name] = run_id
+
+    def log_window(self, step: int, scalars: dict[str, float]) -> None:
+        self._start(step)
+        for tracker in self.trackers.values():
+            tracker.log_window(step, scalars)
+
+    def log_epoch(self, step: int, record: dict[str, Any]) -> None:
+        self._start(step)
+        for tracker in self.trackers.values():
+            tracker.log_epoch(step, record)
+
+    def finish(self, status: str) -> None:
+        if not self._started:
+            return
+        for name, tracker in self.trackers.items():
+            try:
+                tracker.finish(status)
+            except Exception as err:  # a tracker that cannot say goodbye must not hide how the run ended
+                log.warning("logger.%s: could not close its run (%s)", name, err)

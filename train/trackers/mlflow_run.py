@@ -1,0 +1,64 @@
+"""logger=mlflow: an MLflow run (`pip install 'loadout[mlflow]'`) on the tracking server at `tracking_uri`
+(default: $MLFLOW_TRACKING_URI, else MLflow's own default store)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from train.build import require_extra
+from train.metrics import EPOCH
+from train.trackers import FAILED, FINISHED, Tracker
+
+STATUS = {FINISHED: "FINISHED", FAILED: "FAILED"}  # stopped by a signal: KILLED until a resume reopens it
+BATCH = 100  # MLflow takes at most 100 params and 1000 metrics a request
+MAX_PARAM = 6000  # characters of a param's value MLflow keeps
+
+
+class MLflowTracker(Tracker):
+    """Through MlflowClient (no global active run): the run named after the run dir, tagged with its path; a
+    resumed run reopens the saved run id and sets it RUNNING again."""
+
+    def __init__(self, run_dir: Path, tracking_uri: str | None = None, experiment: str = "loadout",
+                 run_name: str | None = None):
+        self.mlflow = require_extra("mlflow", "mlflow", "logger=mlflow")
+        self.run_dir, self.tracking_uri, self.experiment = Path(run_dir), tracking_uri, experiment
+        self.run_name = run_name or str(self.run_dir)
+        self.client = self.run_id = None
+
+    def start(self, run_id: str | None, params: dict[str, str], step: int) -> str:
+        from mlflow.entities import Param
+
+        self.client = self.mlflow.MlflowClient(self.tracking_uri)
+        if run_id is not None:
+            self.client.update_run(run_id, status="RUNNING")
+            self.run_id = run_id
+            return run_id
+        found = self.client.get_experiment_by_name(self.experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
+        run = self.client.create_run(experiment_id, run_name=self.run_name,
+                                     tags={"loadout.run_dir": str(self.run_dir.resolve())})
+        self.run_id = run.info.run_id
+        items = [Param(key, value[:MAX_PARAM]) for key, value in params.items()]
+        for i in range(0, len(items), BATCH):
+            self.client.log_batch(self.run_id, params=items[i:i + BATCH])
+        return self.run_id
+
+    def _log(self, step: int, scalars: dict[str, Any]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(value), now, step) for key, value in scalars.items()
+                   if isinstance(value, int | float) and not isinstance(value, bool)]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def log_window(self, step: int, scalars: dict[str, float]) -> None:
+        self._log(step, scalars)
+
+    def log_epoch(self, step: int, record: dict[str, Any]) -> None:
+        self._log(step, {f"epoch/{key}": record[key] for key in EPOCH if key in record})
+
+    def finish(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status=STATUS.get(status, "KILLED"))
