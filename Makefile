@@ -9,6 +9,7 @@ PHOTO_DATA ?= data/photos-12mp
 IMAGENET_DATA ?= data/synthetic-500
 ARGS ?=
 NPROC ?= 2
+MIN_PYTHON := 3.11
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lock dataset train test test-fast lint test-container torchrun slurm gpu-check bench soak tune tensorboard clean
@@ -17,6 +18,10 @@ help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml constraints.txt
+	@v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
+	  && [ "$$(printf '%s\n' $(MIN_PYTHON) "$$v" | sort -V | head -1)" = $(MIN_PYTHON) ] \
+	  || { echo "error: loadout needs Python >= $(MIN_PYTHON) (the lock's numpy and matplotlib do); $(PYTHON) is" \
+	       "$${v:-missing}: install python$(MIN_PYTHON) and run make PYTHON=python$(MIN_PYTHON) $(MAKECMDGOALS)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'

@@ -53,3 +53,18 @@ def test_dataset_then_train_from_a_clean_clone(clean_clone, tmp_path):
     result = make(["train", f"ARGS={args}"], clean_clone)
     assert result.returncode == 0, result.stderr
     assert read_metrics(run_dir)[0]["epoch"] == 1
+
+
+def test_setup_on_a_python_older_than_the_lock_allows_fails_in_one_line(clean_clone, tmp_path):
+    old = tmp_path / "python3"  # stands in for Ubuntu 22.04's python3: answers the version query with 3.10
+    old.write_text("#!/bin/sh\necho 3.10\n")
+    old.chmod(0o755)
+    venv = tmp_path / "venv"
+    result = subprocess.run(["make", "setup", f"PYTHON={old}", f"VENV={venv}"], cwd=clean_clone, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode != 0 and not venv.exists()
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: loadout needs Python >= 3.11 (the lock's numpy and matplotlib do); {old} is 3.10: "
+                      "install python3.11 and run make PYTHON=python3.11 setup"], result.stderr
+    requires = re.search(r'^requires-python = ">=(\S+)"', (clean_clone / "pyproject.toml").read_text(), re.M)
+    assert requires[1] == "3.11", "pyproject's promise and the Makefile's check must agree"
