@@ -83,6 +83,21 @@ class DataConfig:
 
 
 @dataclass
+class ProfilerConfig:
+    """trainer.profiler (debug=profiler; train/profiling.py): torch.profiler over `active` steps after `wait` +
+    `warmup`."""
+
+    enabled: bool = False
+    wait: int = 5  # steps skipped first (start-up, the first batches, compilation)
+    warmup: int = 2  # steps traced and thrown away (the profiler's own start-up)
+    active: int = 5  # steps recorded
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False  # Python stacks in the trace (larger, slower)
+    rows: int = 15  # operators in the log's table
+
+
+@dataclass
 class TrainerConfig:
     mode: str = "train"  # train | validate (evaluate trainer.resume's checkpoint on the val split, one metrics row)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -106,7 +121,13 @@ class TrainerConfig:
     on_nonfinite: str = "stop"  # a NaN/inf loss: stop (the checkpoints keep the last finite state) | skip the step
     nonfinite_skips: int = 10  # with skip: steps skipped in a row before the run stops anyway
     grad_clip: float | None = None  # clip the gradients' total norm to this (after fp16's unscale); null = off
-    progress: bool = True
+    progress: bool = True  # a bar on a terminal; in a log (not a terminal) one line every progress_every_s
+    progress_every_s: float = 30.0
+    # debug=limit / debug=overfit (lightning-hydra-template's sanity checks): at most this many batches of each split
+    # an epoch; or train and validate on the first N training batches, the same ones every epoch (loss falls to ~0)
+    limit_batches: int | None = None
+    overfit_batches: int = 0
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     metrics_port: int | None = None  # Prometheus /metrics on this port + LOCAL_RANK; null = off
     metrics_host: str = "127.0.0.1"  # address the endpoint binds; 0.0.0.0 in a container Prometheus scrapes
 
@@ -231,6 +252,18 @@ def validate(cfg: Any) -> None:
         _fail("trainer.precision", trainer.precision, "use auto, bf16, fp16 or fp32")
     if trainer.precision == "fp16" and trainer.device == "cpu":
         _fail("trainer.precision", "fp16", "fp16 (with its GradScaler) is for CUDA; on a CPU use bf16, fp32 or auto")
+    if trainer.limit_batches is not None and trainer.limit_batches < 1:
+        _fail("trainer.limit_batches", trainer.limit_batches, "use a positive integer or null")
+    if trainer.overfit_batches < 0:
+        _fail("trainer.overfit_batches", trainer.overfit_batches, "use 0 (off) or a positive integer")
+    if trainer.overfit_batches and trainer.limit_batches is not None:
+        _fail("trainer.limit_batches", trainer.limit_batches, "trainer.overfit_batches already limits the batches: "
+              "set one of them (the other null / 0)")
+    if trainer.progress_every_s <= 0:
+        _fail("trainer.progress_every_s", trainer.progress_every_s, "use a positive number of seconds")
+    for key in ("wait", "warmup", "active"):
+        if getattr(trainer.profiler, key) < (1 if key == "active" else 0):
+            _fail(f"trainer.profiler.{key}", getattr(trainer.profiler, key), "use a step count (active >= 1)")
     if trainer.grad_clip is not None and trainer.grad_clip <= 0:
         _fail("trainer.grad_clip", trainer.grad_clip, "use a positive norm (e.g. 1.0) or null")
     mbs = trainer.micro_batch_size

@@ -14,19 +14,21 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
-from tqdm import tqdm
 
 from train import checkpoint
 from train.build import instantiate
 from train.config import ConfigError, TrainerConfig
+from train.console import Console
 from train.data import DataPipeline
 from train.data.augment import Recipe
 from train.data.batch import Batch
 from train.data.stream import LoaderPositions
 from train.dist import DistEnv, any_rank, barrier
+from train.epoch_batches import EpochBatches, batches_per_epoch
 from train.metrics import EpochMeter, append_jsonl, epoch_line, reduce_over_ranks
 from train.monitoring import Monitor
 from train.nonfinite import Diverged
+from train.profiling import StepProfiler
 from train.progress import Plan, Progress
 from train.step import TrainStep
 from train.stop import RankAgreement, Stopped, StopSignal
@@ -51,6 +53,9 @@ class Trainer:
         self.agreement = RankAgreement()  # the stop signal and the micro-batch size, agreed one step later
         self.callbacks = list(callbacks)
         self.progress = Progress()
+        self.batches = EpochBatches(data, tc.limit_batches, tc.overfit_batches)  # all, debug=limit or overfit
+        self.console = Console(tc.progress and env.is_main, tc.progress_every_s)  # a bar, or lines in a log
+        self.profiler: StepProfiler | None = None  # trainer.profiler: over a window of fit()'s steps
         self.positions = LoaderPositions(data.train, env)
         self.metrics_path = run_dir / "metrics.jsonl"
         self.checkpoint_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST
@@ -66,7 +71,8 @@ class Trainer:
                     callbacks: Sequence = (), recipe: Recipe | None = None) -> Trainer:
         """The TrainStep and Plan built from a composed config's sections, then the Trainer over them."""
         tc = cfg.trainer
-        plan = Plan.for_run(tc.epochs, len(data.train), tc.grad_accum_steps, env.world_size)
+        per_epoch = batches_per_epoch(len(data.train), tc.limit_batches, tc.overfit_batches)
+        plan = Plan.for_run(tc.epochs, per_epoch, tc.grad_accum_steps, env.world_size)
         recipe = recipe or instantiate("augment", cfg.augment)
         step = TrainStep.from_config(cfg, env, device, model, plan.total_steps,
                                      recipe.batch_mix(data.num_classes, tc.seed))
@@ -116,7 +122,7 @@ class Trainer:
                 del parts[name]
         if saved.total_steps != self.plan.total_steps:  # trainer.epochs changed: re-planned below
             del parts["scheduler"]
-        if progress.batch_in_epoch >= len(self.data.train):  # stopped after the epoch's last batch: no position
+        if progress.batch_in_epoch >= self.batches.per_epoch or tc.overfit_batches:  # no position to go on from
             del parts["loader"]
         for name, part in parts.items():
             part.load_state_dict(state[name])
@@ -145,11 +151,20 @@ class Trainer:
         return self.progress.step >= limit
 
     def fit(self) -> list[dict]:
+        if self.tc.profiler.enabled:
+            self.profiler = StepProfiler(self.tc.profiler, self.run_dir, self.device, self.env)
+        try:
+            return self._epochs()
+        finally:
+            if self.profiler is not None:
+                self.profiler.stop()
+
+    def _epochs(self) -> list[dict]:
         tc = self.tc
         records = []
         while self.progress.epoch < tc.epochs and not self.done():
             record = {"epoch": self.progress.epoch + 1, **self.train_epoch(), **self.evaluate()}
-            record["epoch_complete"] = complete = self.progress.batch_in_epoch >= len(self.data.train)
+            record["epoch_complete"] = complete = self.progress.batch_in_epoch >= self.batches.per_epoch
             records.append(record)
             self.monitor.on_epoch(self.progress.step, record)
             best = complete and record["val_acc"] > self.progress.best_val_acc
@@ -210,23 +225,21 @@ class Trainer:
 
     def _batches(self, batches: Iterable[Batch], meter: EpochMeter, desc: str, total: int) -> Iterator[Batch]:
         """Batches on the device, timed by `meter`, a dead or stuck worker an error naming it (`data.explained`)."""
-        show = self.tc.progress and self.env.is_main
-        with tqdm(total=total, desc=desc, leave=False, disable=not show, dynamic_ncols=True) as bar:
-            for batch in self.data.explained(batches):
-                meter.waited()
-                yield batch
-                bar.update(1)
+        for batch in self.console.track(self.data.explained(batches), desc, total):
+            meter.waited()
+            yield batch
 
     def train_epoch(self) -> dict:
         tc = self.tc
         self.step.ddp.train()
         self.data.set_epoch(self.progress.epoch)
         meter = EpochMeter(self.device, self.memory)
-        remaining = len(self.data.train) - self.progress.batch_in_epoch
+        remaining = self.batches.per_epoch - self.progress.batch_in_epoch
         skipped_before = self.step.skipped
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
         # remaining == 0: resumed from a checkpoint taken after the epoch's last batch, before its validation
-        for batch in self._batches(self.data.train, meter, desc, remaining) if remaining > 0 else ():
+        batches = self.batches.train(self.progress.batch_in_epoch)
+        for batch in self._batches(batches, meter, desc, remaining) if remaining > 0 else ():
             self.progress.batch_in_epoch += 1
             self._call("on_train_batch", batch)
             # a batch with no readable sample still steps under DDP: every rank joins every gradient all-reduce
@@ -241,6 +254,9 @@ class Trainer:
             self.monitor.on_step(self.progress.step, meter)
             if not updated:
                 continue
+            self.console.stepped(desc, meter, self.progress.step, self.plan.total_steps)
+            if self.profiler is not None:
+                self.profiler.step()
             self.agree()
             every = tc.checkpoint_every_steps
             if every and self.progress.step % every == 0:
@@ -265,5 +281,5 @@ class Trainer:
         return record
 
     def evaluate(self) -> dict:
-        batches = self._batches(self.data.val, EpochMeter(self.device), "val", len(self.data.val))
+        batches = self._batches(self.batches.val(), EpochMeter(self.device), "val", self.batches.val_batches)
         return self.step.evaluate_all(batches)
