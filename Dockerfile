@@ -1,8 +1,11 @@
 # loadout training image.
 #   docker build -t loadout .                                             # official PyTorch CUDA runtime base
 #   docker build --build-arg BASE_IMAGE=loadout-base:torch2.14.1 -t loadout .  # any base: python/pip + torch
+#   docker build --build-arg BASE_IMAGE=nvcr.io/nvidia/pytorch:25.10-py3 --build-arg TORCH_FROM_BASE=1 -t loadout .
 # BASE_IMAGE must already hold torch/torchvision at the versions of constraints.txt (torch 2.14.1 wheels are
-# CUDA 13.0 builds), so no CUDA wheel is downloaded here. The CUDA driver comes from the host through the NVIDIA
+# CUDA 13.0 builds), so no CUDA wheel is downloaded here; or, with TORCH_FROM_BASE=1 (NVIDIA's NGC images, whose
+# torch is 2.x.0a0+<sha>), the base's torch/torchvision/CUDA stack is kept and the rest comes from the lock
+# (docs/container.md has the NGC tag matrix). The CUDA driver comes from the host through the NVIDIA
 # Container Toolkit at run time (see docs/container.md).
 # The default base: Ubuntu with torch 2.14.1+cu130 in the system Python 3.12 (cuBLAS 13.1.1.3, cuDNN 9.24.0.43).
 # Its digest is not recorded here: no registry is reachable from the machines loadout is built and tested on.
@@ -22,6 +25,8 @@ ARG GID=1000
 ARG EXTRA_PIP_PACKAGES=""
 # 1: an image for machines without GPUs, whose base may carry a CPU-only torch (else the build refuses one).
 ARG CPU_ONLY=0
+# 1: keep the base's torch / torchvision / CUDA stack whatever its version (NGC), and its own pip constraints.
+ARG TORCH_FROM_BASE=0
 
 # PIP_BREAK_SYSTEM_PACKAGES: the 2.14 images keep torch in the system Python (PEP 668 marks it externally managed).
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -44,18 +49,18 @@ RUN groupadd --non-unique --gid "${GID}" app \
 
 WORKDIR /app
 
-# Dependencies first, in their own layer: rebuilt only when pyproject.toml or constraints.txt change, not on
-# every source edit. The list comes from pyproject's [project].dependencies, every version from constraints.txt
-# (the lock CI tests), less the base image's CUDA stack; the base's torch must be the lock's (checked first).
-COPY pyproject.toml constraints.txt docker/deps_from_pyproject.py docker/check_torch.py ./
-RUN python3 deps_from_pyproject.py /tmp/constraints.txt > /tmp/requirements.txt \
- && python3 -m pip install --no-cache-dir -c /tmp/constraints.txt -r /tmp/requirements.txt ${EXTRA_PIP_PACKAGES} \
- && CPU_ONLY=${CPU_ONLY} python3 check_torch.py constraints.txt \
- && rm /tmp/requirements.txt /tmp/constraints.txt deps_from_pyproject.py check_torch.py
+# Dependencies first, in their own layer: rebuilt only when requirements.txt or constraints.txt change, not on
+# every source edit. Every version from constraints.txt (the lock CI tests) less what the base brings
+# (docker/base_lock.py: its CUDA stack; its torch must be the lock's, checked first, unless TORCH_FROM_BASE=1).
+COPY requirements.txt constraints.txt docker/base_lock.py docker/check_torch.py ./
+RUN TORCH_FROM_BASE=${TORCH_FROM_BASE} python3 base_lock.py constraints.txt /tmp/constraints.txt \
+ && python3 -m pip install --no-cache-dir -c /tmp/constraints.txt -r requirements.txt ${EXTRA_PIP_PACKAGES} \
+ && CPU_ONLY=${CPU_ONLY} TORCH_FROM_BASE=${TORCH_FROM_BASE} python3 check_torch.py constraints.txt requirements.txt \
+ && rm /tmp/constraints.txt base_lock.py check_torch.py
 
 # The source. `python -m train` runs from /app, so the configs in /app/conf are the ones used.
 # README* (pyproject's readme) may not exist yet; pyproject.toml keeps the pattern from matching nothing.
-COPY pyproject.toml README* ./
+COPY pyproject.toml requirements.txt README* ./
 COPY conf/ conf/
 COPY train/ train/
 RUN python3 -m pip install --no-cache-dir --no-deps . \

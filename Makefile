@@ -17,7 +17,7 @@ MIN_PYTHON := 3.11
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml requirements.txt constraints.txt
 	@v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
 	  && [ "$$(printf '%s\n' $(MIN_PYTHON) "$$v" | sort -V | head -1)" = $(MIN_PYTHON) ] \
 	  || { echo "error: loadout needs Python >= $(MIN_PYTHON) (the lock's numpy and matplotlib do); $(PYTHON) is" \
@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 setup: $(VENV)/.installed ## Create .venv and install loadout (every version from the lock, constraints.txt)
 
-lock: setup ## Re-lock constraints.txt after editing pyproject.toml's dependencies (keeps existing pins, torch's too)
+lock: setup ## Re-lock constraints.txt after editing requirements.txt or pyproject.toml's extras (keeps existing pins, torch's too)
 	$(PY) -m pip install --quiet pip-tools
 	$(VENV)/bin/pip-compile --quiet --extra dev --strip-extras --allow-unsafe --no-emit-index-url \
 	  --no-emit-find-links --output-file constraints.txt pyproject.toml
@@ -59,10 +59,10 @@ gpu-check: setup ## On a GPU box: CUDA tests, each GPU profile, nccl, compile, p
 	$(PY) scripts/gpu_check.py
 
 slurm: ## Start a one-node Slurm here (root; installs slurm-wlm + munge) to try scripts/slurm/train.sbatch
-	bash scripts/slurm/local_cluster.sh start
+	bash tests/infra/slurm_local_cluster.sh start
 
 test-container: setup dataset ## Build the image (stand-in base when the real one can't be pulled) and run compose for real
-	bash scripts/test_container.sh
+	bash tests/infra/test_container.sh
 
 TB_HOST ?= 127.0.0.1
 TB_PORT ?= 6006

@@ -1,6 +1,7 @@
 """The image's torch after the dependencies are installed: a CUDA build (unless the image is asked for CPU only:
---build-arg CPU_ONLY=1), and torch / torchvision at the lock's versions (constraints.txt, given as the argument).
-Fails the build in one line otherwise."""
+--build-arg CPU_ONLY=1), and torch / torchvision at the lock's versions (constraints.txt, given as the argument), or
+with TORCH_FROM_BASE=1 the base's own, in the range loadout supports (requirements.txt). Fails the build in one line
+otherwise."""
 
 from __future__ import annotations
 
@@ -12,15 +13,29 @@ import torch
 import torchvision
 
 
-def main(lock_path: str) -> int:
-    with open(lock_path) as f:
-        lock = dict(re.findall(r"^(torch|torchvision)==(\S+)", f.read(), re.M))
+def release(version: str) -> tuple[int, ...]:
+    """(2, 8) of '2.8.0a0+5228986c39' (NGC), '2.14.1+cu130' or '2.14.1'."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0].split("a")[0])[:2])
+
+
+def main(lock_path: str, requirements_path: str) -> int:
     found = {"torch": torch.__version__, "torchvision": torchvision.__version__}
-    for name, version in found.items():
-        if name in lock and version.split("+")[0] != lock[name]:
-            print(f"check_torch: {name} {version} in the image, the lock has {lock[name]}: build FROM a base with "
-                  f"{name}=={lock[name]}", file=sys.stderr)
-            return 1
+    if os.environ.get("TORCH_FROM_BASE") == "1":
+        with open(requirements_path) as f:
+            floor = dict(re.findall(r"^(torch|torchvision)>=(\S+)", f.read(), re.M))
+        for name, version in found.items():
+            if name in floor and release(version) < release(floor[name]):
+                print(f"check_torch: the base's {name} {version} is older than loadout supports ({name}>="
+                      f"{floor[name]}): use a newer base", file=sys.stderr)
+                return 1
+    else:
+        with open(lock_path) as f:
+            lock = dict(re.findall(r"^(torch|torchvision)==(\S+)", f.read(), re.M))
+        for name, version in found.items():
+            if name in lock and version.split("+")[0] != lock[name]:
+                print(f"check_torch: {name} {version} in the image, the lock has {lock[name]}: build FROM a base with "
+                      f"{name}=={lock[name]}, or with --build-arg TORCH_FROM_BASE=1", file=sys.stderr)
+                return 1
     if torch.version.cuda is None and os.environ.get("CPU_ONLY") != "1":
         print(f"check_torch: torch {torch.__version__} is a CPU-only build: the image would train GPU profiles on "
               "nothing; use a CUDA base, or --build-arg CPU_ONLY=1 for an image for machines without GPUs",
@@ -31,4 +46,4 @@ def main(lock_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2]))

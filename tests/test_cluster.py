@@ -1,4 +1,4 @@
-"""The cluster paths for real: the Slurm job file on a one-node Slurm (scripts/slurm/local_cluster.sh), two torchrun
+"""The cluster paths for real: the Slurm job file on a one-node Slurm (tests/infra/slurm_local_cluster.sh), two torchrun
 agents as two "nodes" through scripts/launch_multinode.sh, and the Kubernetes PyTorchJob against the operator's CRD.
 
 Faults come from outside, as on a cluster: `scancel --signal=USR1` (what `--signal=B:USR1@<s>` sends before the time
@@ -66,7 +66,7 @@ def wait_for_job_end(job: str, timeout: float) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def slurm():
     """A one-node Slurm on this machine, started by the script users run; skips (with the reason) where it can't."""
-    script = ROOT / "scripts" / "slurm" / "local_cluster.sh"
+    script = ROOT / "tests" / "infra" / "slurm_local_cluster.sh"
     was_up = subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 0
     started = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True, timeout=600)
     if started.returncode != 0:

@@ -1,6 +1,6 @@
 """Static checks of the container files: Dockerfile (hadolint + structure), .dockerignore, docker-compose.yml and
 its hardware fragments docker/hardware/*.yml (compose-spec JSON schema + what training needs). The real build and
-run are in scripts/test_container.sh."""
+run are in tests/infra/test_container.sh."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ GPU_RESERVATION = {
 
 # The compose-spec schema (https://github.com/compose-spec/compose-spec/blob/master/schema/compose-spec.json):
 # a copy at tests/schemas/compose-spec.json wins; otherwise the copy docker-compose ships (Debian's
-# docker-compose 1.29, installed by scripts/ensure_docker.sh -- the Compose CI runs with).
+# docker-compose 1.29, installed by tests/infra/ensure_docker.sh -- the Compose CI runs with).
 SCHEMA_CANDIDATES = [
     ROOT / "tests" / "schemas" / "compose-spec.json",
     Path("/usr/lib/python3/dist-packages/compose/config/compose_spec.json"),
@@ -114,10 +114,10 @@ def test_dockerfile_base_image_is_an_arg_pinned_to_the_torch_version():
 def test_dockerfile_installs_dependencies_before_copying_source():
     ins = _instructions()
     ops = [f"{op} {args}" for op, args in ins]
-    first_dep_copy = next(i for i, s in enumerate(ops) if s.startswith("COPY pyproject.toml constraints.txt"))
+    first_dep_copy = next(i for i, s in enumerate(ops) if s.startswith("COPY requirements.txt constraints.txt"))
     assert "train/" not in ops[first_dep_copy] and "conf/" not in ops[first_dep_copy]
-    dep_install = next(i for i, s in enumerate(ops) if s.startswith("RUN") and "deps_from_pyproject.py" in s
-                       and "-c /tmp/constraints.txt" in s)
+    dep_install = next(i for i, s in enumerate(ops) if s.startswith("RUN") and "base_lock.py" in s
+                       and "pip install --no-cache-dir -c /tmp/constraints.txt -r requirements.txt" in s)
     source_copy = next(i for i, s in enumerate(ops) if s.startswith("COPY train/"))
     project_install = next(i for i, s in enumerate(ops) if "pip install" in s and "--no-deps ." in s)
     assert first_dep_copy < dep_install < source_copy < project_install

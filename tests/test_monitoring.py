@@ -265,7 +265,7 @@ def test_endpoint_is_live_while_training(live_run):
 @pytest.mark.slow
 def test_real_prometheus_scrapes_the_trainer_and_dashboard_queries_return_data(live_run):
     if live_run.prometheus_port is None:
-        pytest.skip("no `prometheus` binary: run scripts/ensure_prometheus.sh (apt-get install prometheus)")
+        pytest.skip("no `prometheus` binary: run tests/infra/ensure_prometheus.sh (apt-get install prometheus)")
     live_run.wait()
     time.sleep(2.5)  # scrapes still in flight
 

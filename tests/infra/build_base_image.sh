@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # Provide the Dockerfile's base image on a machine that cannot pull it, and print the image to build FROM.
 #
-#   scripts/build_base_image.sh            -> prints e.g. "loadout-base:torch2.14.1" on stdout (logs on stderr)
+#   tests/infra/build_base_image.sh            -> prints e.g. "loadout-base:torch2.14.1" on stdout (logs on stderr)
 #
 # Order: 1. the real base (Dockerfile's ARG BASE_IMAGE default) if already present or pullable within
 #           ${PULL_TIMEOUT:-60}s (set SKIP_PULL=1 to skip the attempt);
 #        2. the stand-in ${STANDIN_IMAGE:-loadout-base:torch2.14.1} if it already exists (reused, ~0 s);
 #        3. otherwise build the stand-in: debootstrap Debian bookworm (minbase + python3), a venv at /opt/venv,
 #           torch/torchvision from pip pinned by constraints.txt, the host's CA bundle and the host's pip
-#           configuration (local mirrors served by docker/pip_mirror.py on 127.0.0.1), then `docker import`.
+#           configuration (local mirrors served by tests/infra/pip_mirror.py on 127.0.0.1), then `docker import`.
 #           Needs root, debootstrap and a Debian mirror (${DEBIAN_MIRROR:-http://deb.debian.org/debian}).
 # The stand-in stands for pytorch/pytorch's runtime image: python/pip on PATH with torch preinstalled. It has no
 # CUDA driver of its own either (the NVIDIA Container Toolkit injects that), so the same Dockerfile works on both.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 log() { printf '[build_base_image] %s\n' "$*" >&2; }
 
 real_base=$(sed -n 's/^ARG BASE_IMAGE=//p' Dockerfile | head -n1)
@@ -40,7 +40,7 @@ if docker image inspect "$standin" >/dev/null 2>&1; then
 fi
 
 [[ $(id -u) -eq 0 ]] || { log "building the stand-in needs root (debootstrap, chroot)"; exit 1; }
-command -v debootstrap >/dev/null || { log "debootstrap missing: run scripts/ensure_docker.sh"; exit 1; }
+command -v debootstrap >/dev/null || { log "debootstrap missing: run tests/infra/ensure_docker.sh"; exit 1; }
 
 log "real base $real_base unavailable; building stand-in $standin (debootstrap $suite + torch==$torch_version)"
 start=$SECONDS
@@ -65,7 +65,7 @@ log "debootstrap done ($((SECONDS - start)) s)"
 # the HTTP mirror below; builds run with --network host so 127.0.0.1 is this machine.
 cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
 port=${PIP_MIRROR_PORT:-38111}
-python3 docker/pip_mirror.py --port "$port" --conf-out "$rootfs/etc/pip.conf" &
+python3 tests/infra/pip_mirror.py --port "$port" --conf-out "$rootfs/etc/pip.conf" &
 mirror_pid=$!
 for _ in $(seq 1 100); do  # the mirror writes the config once its port is bound
   [[ -s $rootfs/etc/pip.conf ]] && break

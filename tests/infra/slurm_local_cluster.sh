@@ -2,9 +2,9 @@
 # A one-node Slurm cluster on this machine: munged, slurmctld and slurmd on localhost (Debian's slurm-wlm and munge),
 # to try scripts/slurm/train.sbatch before a real cluster, and for tests/test_cluster.py.
 #
-#   scripts/slurm/local_cluster.sh start    # as root: installs slurm-wlm + munge if missing, writes the config, starts
-#   scripts/slurm/local_cluster.sh stop
-#   scripts/slurm/local_cluster.sh status
+#   tests/infra/slurm_local_cluster.sh start    # as root: installs slurm-wlm + munge if missing, writes the config, starts
+#   tests/infra/slurm_local_cluster.sh stop
+#   tests/infra/slurm_local_cluster.sh status
 #
 # The node is this machine with all its cores as "localhost". proctrack/linuxproc and task/none: no cgroups needed,
 # so it also runs in containers and VMs. It writes /etc/slurm/slurm.conf only where none exists or where it wrote
@@ -13,7 +13,7 @@ set -euo pipefail
 
 STATE=${SLURM_LOCAL_STATE:-/var/lib/loadout-slurm}
 CONF=/etc/slurm/slurm.conf
-MARK="# written by loadout scripts/slurm/local_cluster.sh"
+MARK="# written by loadout tests/infra/slurm_local_cluster.sh"
 
 log() { printf '[local_cluster] %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }

@@ -11,7 +11,7 @@ cannot see. This helper:
   ``http://127.0.0.1:PORT/...`` and ``trusted-host = 127.0.0.1``;
 * serves that folder on 127.0.0.1 only, read-only, until killed.
 
-Builds reach it through ``--network host``. Used by scripts/build_base_image.sh and scripts/test_container.sh;
+Builds reach it through ``--network host``. Used by tests/infra/build_base_image.sh and tests/infra/test_container.sh;
 only needed for the offline stand-in image, never for a real registry base image.
 """
 

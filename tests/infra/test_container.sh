@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # End-to-end container test (make test-container): real docker build, real docker-compose up/run.
 #
-#  1. scripts/ensure_docker.sh: docker.io + docker-compose 1.29 + a running dockerd;
+#  1. tests/infra/ensure_docker.sh: docker.io + docker-compose 1.29 + a running dockerd;
 #  2. lint: hadolint on the Dockerfile, `docker-compose config` on docker-compose.yml;
-#  3. base image: the real pytorch/pytorch one if present/pullable, else the stand-in (scripts/build_base_image.sh,
+#  3. base image: the real pytorch/pytorch one if present/pullable, else the stand-in (tests/infra/build_base_image.sh,
 #     cached as loadout-base:torch<version>);
 #  4. docker build of the project image against that base (--network host; the host's pip mirrors served by
-#     docker/pip_mirror.py);
+#     tests/infra/pip_mirror.py);
 #  5. `HARDWARE=cpu docker-compose up` of the default service `train` (docker/hardware/cpu.yml: no GPU reservation;
 #     short run via TRAIN_ARGS) on the embedded dataset, mounted read-only, outputs into a fresh folder; checks the
 #     exit code, metrics.jsonl and file ownership;
@@ -18,7 +18,7 @@
 # here) skips trying to pull the real base; MAX_STEPS (default 20).
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 t0=$SECONDS
 log() { printf '\n[test_container %3ds] %s\n' "$((SECONDS - t0))" "$*" >&2; }
 fail() { printf '[test_container] FAIL: %s\n' "$*" >&2; exit 1; }
@@ -36,7 +36,7 @@ export SKIP_PULL=${SKIP_PULL:-1}
 
 # --- 1. docker ------------------------------------------------------------------------------------------
 log "ensure docker"
-bash scripts/ensure_docker.sh
+bash tests/infra/ensure_docker.sh
 phase "docker daemon"
 
 # --- 2. lint --------------------------------------------------------------------------------------------
@@ -60,7 +60,7 @@ phase "lint"
 
 # --- 3. base image --------------------------------------------------------------------------------------
 log "base image"
-base=$(bash scripts/build_base_image.sh)
+base=$(bash tests/infra/build_base_image.sh)
 phase "base image ($base)"
 
 # --- shared state and cleanup -----------------------------------------------------------------------------
@@ -108,10 +108,10 @@ trap cleanup EXIT
 
 # --- 4. project image -------------------------------------------------------------------------------------
 log "docker build $TEST_IMAGE FROM $base"
-# The stand-in's pip.conf points at the host's mirrors through 127.0.0.1 (docker/pip_mirror.py).
+# The stand-in's pip.conf points at the host's mirrors through 127.0.0.1 (tests/infra/pip_mirror.py).
 port=${PIP_MIRROR_PORT:-38111}
 mirror_conf=$(mktemp)
-python3 docker/pip_mirror.py --port "$port" --conf-out "$mirror_conf" &
+python3 tests/infra/pip_mirror.py --port "$port" --conf-out "$mirror_conf" &
 mirror_pid=$!
 for _ in $(seq 1 100); do
   [[ -s $mirror_conf ]] && break
