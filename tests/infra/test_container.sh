@@ -6,14 +6,16 @@
 #  3. base image: the real pytorch/pytorch one if present/pullable, else the stand-in (tests/infra/build_base_image.sh,
 #     cached as loadout-base:torch<version>);
 #  4. docker build of the project image against that base (--network host; the host's pip mirrors served by
-#     tests/infra/pip_mirror.py);
+#     tests/infra/pip_mirror.py); 4b. on an NGC-style stand-in (torch 2.14.0a0+<sha>, its own pip constraints):
+#     refused without TORCH_FROM_BASE=1, built and trained with it; 4c. the jupyter service's image;
 #  5. `HARDWARE=cpu docker-compose up` of the default service `train` (docker/hardware/cpu.yml: no GPU reservation;
 #     short run via TRAIN_ARGS) on the embedded dataset, mounted read-only, outputs into a fresh folder; checks the
 #     exit code, metrics.jsonl and file ownership;
 #  6. `HARDWARE=cpu docker-compose run --rm train <overrides>`: the overrides reach the run's .hydra/config.yaml;
 #  6b. `HARDWARE=cpu NPROC=2 docker-compose run --rm train-multi`: torchrun with 2 processes on CPU (gloo);
 #  7. the container's limits (user, read-only data, /dev/shm size, ulimits) and the shm check inside it;
-#  8. `docker-compose down` on exit, whatever happened.
+#  8. the `jupyter` service up, its page opened in headless Chromium: the Lab UI with the token, the login without;
+#  9. `docker-compose down` on exit, whatever happened.
 # Environment: KEEP_OUTPUTS=1 keeps the outputs folder; TEST_IMAGE (default loadout:test); SKIP_PULL=1 (default
 # here) skips trying to pull the real base; MAX_STEPS (default 20).
 set -euo pipefail
@@ -90,7 +92,7 @@ fi
 
 cleanup() {
   local rc=$?
-  docker-compose down --remove-orphans --volumes >/dev/null 2>&1 || true
+  docker-compose --profile jupyter down --remove-orphans --volumes >/dev/null 2>&1 || true
   if [[ -n $mirror_pid ]]; then kill "$mirror_pid" 2>/dev/null || true; fi
   if [[ $rc -ne 0 || ${KEEP_OUTPUTS:-0} == 1 ]]; then
     echo "[test_container] outputs kept in $outputs" >&2
@@ -121,9 +123,40 @@ done
 rm -f "$mirror_conf"
 docker build --network host --build-arg "BASE_IMAGE=$base" \
   --build-arg "UID=$run_uid" --build-arg "GID=$run_gid" -t "$TEST_IMAGE" .
+phase "project image"
+
+# --- 4b. on NVIDIA's NGC base: TORCH_FROM_BASE=1 ------------------------------------------------------------
+# The stand-in's torch as NGC versions it (2.14.0a0+<sha>), numpy at another version than the lock's, both pinned
+# by the base's own pip constraint file (tests/infra/ngc_standin.Dockerfile).
+log "NGC-style base: refused without TORCH_FROM_BASE=1, built and trained with it"
+ngc_base=loadout-ngc-standin:test ngc_image=loadout-ngc:test
+docker build --network host --build-arg "BASE_IMAGE=$base" -t "$ngc_base" -f tests/infra/ngc_standin.Dockerfile \
+  tests/infra
+docker build --network host --build-arg "BASE_IMAGE=$ngc_base" --build-arg TORCH_FROM_BASE=1 \
+  --build-arg "UID=$run_uid" --build-arg "GID=$run_gid" -t "$ngc_image" .
+verdict=$(docker run --rm --network none --entrypoint python3 "$ngc_image" -c \
+  'import numpy, torch, train.engine; print(torch.__version__, numpy.__version__)' 2>/dev/null | tail -n1)
+[[ $verdict == "2.14.0a0+ngc1a2b3c 2.3.5" ]] || fail "the NGC-style image has torch, numpy: $verdict"
+chown "$run_uid:$run_gid" "$outputs" 2>/dev/null || true
+# shellcheck disable=SC2086 # QUICK is a list of overrides
+docker run --rm --network none --shm-size 1g -v "$PWD/data:/app/data:ro" -v "$outputs:/app/outputs" "$ngc_image" \
+  hardware=cpu trainer.max_steps=3 trainer.epochs=1 data.num_workers=1 hydra.run.dir=outputs/ngc $QUICK \
+  || fail "training in the NGC-style image exited with $?"
+grep -q '"epoch"' "$outputs/ngc/metrics.jsonl" || fail "no epoch record from the NGC-style image"
+refused=$(docker build --network host --build-arg "BASE_IMAGE=$ngc_base" -t loadout-ngc:refused . 2>&1) \
+  && fail "an NGC-style base built without TORCH_FROM_BASE=1"
+grep -q "base image has torch 2.14.0a0+ngc1a2b3c, constraints.txt pins 2.14.1: .*TORCH_FROM_BASE=1" <<<"$refused" \
+  || fail "the refusal did not say why: $(tail -n5 <<<"$refused")"
+echo "NGC-style base: torch and numpy kept from the base ($verdict), trained; refused in one line without the arg"
+phase "NGC-style base"
+
+# --- 4c. the jupyter service's image: jupyterlab pinned by the lock ------------------------------------------
+log "docker build loadout-jupyter:test (EXTRA_PIP_PACKAGES=jupyterlab, as docker-compose.yml builds it)"
+docker build --network host --build-arg "BASE_IMAGE=$base" --build-arg EXTRA_PIP_PACKAGES=jupyterlab \
+  --build-arg "UID=$run_uid" --build-arg "GID=$run_gid" -t loadout-jupyter:test .
 kill "$mirror_pid" 2>/dev/null || true
 mirror_pid=""
-phase "project image"
+phase "jupyter image"
 
 # --- 5. docker-compose up -------------------------------------------------------------------------------
 if [[ ! -e data/synthetic/.complete ]]; then
@@ -238,6 +271,33 @@ verdict=$(docker run --rm --network none --entrypoint python3 "$TEST_IMAGE" -c "
 [[ $verdict == "compiled 8.0" ]] || fail "torch.compile inside the image: $verdict"
 echo "torch.compile inside the image: $verdict"
 phase "torch.compile"
+
+# --- 8. the jupyter service in a real browser ------------------------------------------------------------------
+log "jupyter: docker-compose --profile jupyter up -d; JupyterLab in headless Chromium, with and without the token"
+bash .ci/ensure_package.sh chromium chromium >&2
+jupyter_token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+jupyter_port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export JUPYTER_TOKEN=$jupyter_token JUPYTER_PORT=$jupyter_port LOADOUT_JUPYTER_IMAGE=loadout-jupyter:test
+HARDWARE=cpu docker-compose --profile jupyter up -d --no-build jupyter
+for _ in $(seq 1 120); do
+  [[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$jupyter_port/login") == 200 ]] && break
+  sleep 1
+done
+published=$(HARDWARE=cpu docker-compose --profile jupyter port jupyter 8888)
+[[ $published == "127.0.0.1:$jupyter_port" ]] || fail "jupyter published on $published, want 127.0.0.1 only"
+browse() {  # the page's DOM after its scripts ran, as Chromium renders it
+  chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+    --disable-component-update --disable-sync --user-data-dir="$(mktemp -d)" --virtual-time-budget=20000 \
+    --dump-dom "$1" 2>/dev/null
+}
+with_token=$(browse "http://127.0.0.1:$jupyter_port/lab?token=$jupyter_token")
+grep -q 'jp-LabShell' <<<"$with_token" || fail "JupyterLab's UI did not load with the token: $(head -c 600 <<<"$with_token")"
+without=$(browse "http://127.0.0.1:$jupyter_port/lab")
+grep -q 'jp-LabShell' <<<"$without" && fail "JupyterLab's UI loaded without the token"
+grep -qi 'name="password"' <<<"$without" || fail "no login page without the token: $(head -c 600 <<<"$without")"
+echo "jupyter: bound to $published; the Lab UI with the token, the login page without"
+HARDWARE=cpu docker-compose --profile jupyter down --remove-orphans
+phase "jupyter in Chromium"
 
 log "docker-compose down"
 docker-compose down --remove-orphans --volumes
