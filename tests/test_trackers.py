@@ -198,3 +198,12 @@ def test_a_run_records_lr_grad_norm_and_top5(small_run_args):
     (record,) = read_metrics(Path(small_run_args[-1].split("=", 1)[1]))
     assert record["val_acc"] <= record["val_top5"] <= 1 and record["grad_norm"] > 0 and record["lr"] > 0
     assert "top5 " in result.stdout and "grad_norm " in result.stdout  # the epoch line
+
+
+@pytest.mark.parametrize(("old", "named"), [("data.dataset=cifar10", "use dataset=<name> (the dataset group"),
+                                            ("trainer.tensorboard=false", "use the logger group")])
+def test_an_old_key_is_refused_naming_its_replacement(old, named):
+    result = run_cli([old, "hardware=cpu"], timeout=120)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {old.split('=')[0]}: renamed; {named}"), line
