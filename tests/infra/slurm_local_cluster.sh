@@ -14,6 +14,7 @@ set -euo pipefail
 STATE=${SLURM_LOCAL_STATE:-/var/lib/loadout-slurm}
 CONF=/etc/slurm/slurm.conf
 MARK="# written by loadout tests/infra/slurm_local_cluster.sh"
+OLD_MARK="# written by loadout scripts/slurm/local_cluster.sh"  # where this script lived before
 
 log() { printf '[local_cluster] %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -31,7 +32,7 @@ install_packages() {
 }
 
 write_config() {
-  if [[ -f $CONF ]] && [[ $(head -n 1 "$CONF") != "$MARK" ]]; then
+  if [[ -f $CONF ]] && [[ $(head -n 1 "$CONF") != "$MARK" && $(head -n 1 "$CONF") != "$OLD_MARK" ]]; then
     die "$CONF exists and was not written by this script: this machine has a Slurm config of its own"
   fi
   mkdir -p "$STATE/ctld" "$STATE/d" /etc/slurm
