@@ -238,8 +238,8 @@ class Trainer:
         skipped_before = self.step.skipped
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
         # remaining == 0: resumed from a checkpoint taken after the epoch's last batch, before its validation
-        batches = self.batches.train(self.progress.batch_in_epoch)
-        for batch in self._batches(batches, meter, desc, remaining) if remaining > 0 else ():
+        batches = self.batches.train(self.progress.batch_in_epoch) if remaining > 0 else ()  # no loader started
+        for batch in self._batches(batches, meter, desc, remaining):
             self.progress.batch_in_epoch += 1
             self._call("on_train_batch", batch)
             # a batch with no readable sample still steps under DDP: every rank joins every gradient all-reduce
