@@ -10,30 +10,44 @@ run. A tracker whose library is not installed fails at start in one line naming 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from train.config import ConfigError
+from train.metrics import EPOCH
 
 log = logging.getLogger(__name__)
 
 FINISHED, STOPPED, FAILED = "finished", "stopped", "failed"  # how a run ended (stopped: by a signal, resumable)
 
 
+def finite_numbers(values: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of `values` (no None, NaN, flag or text): what a scalar tracker can plot."""
+    return {key: float(value) for key, value in values.items()
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)}
+
+
 class Tracker:
     """One tracker. `start` opens (or, given the saved `run_id`, reopens) its run and returns the id to save;
-    `step` is the optimizer step the run starts or resumes at."""
+    `step` is the optimizer step the run starts or resumes at. A scalar tracker implements `log`; the windows and
+    the epoch records (`epoch/<key>`) reach it as finite numbers."""
 
     def start(self, run_id: str | None, params: dict[str, str], step: int) -> str | None:
         return None
 
-    def log_window(self, step: int, scalars: dict[str, float]) -> None:
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        """Finite numbers by key, at the optimizer step `step`."""
+
+    def log_window(self, step: int, scalars: dict[str, float | None]) -> None:
         """A window of step figures: `train/<key>` and `memory/<key>` (train/metrics.py's WINDOW and MEMORY)."""
+        self.log(step, finite_numbers(scalars))
 
     def log_epoch(self, step: int, record: dict[str, Any]) -> None:
         """One epoch's record, as in metrics.jsonl (train/metrics.py's EPOCH)."""
+        self.log(step, finite_numbers({f"epoch/{key}": record[key] for key in EPOCH if key in record}))
 
     def finish(self, status: str) -> None:
         """The run ended: FINISHED, STOPPED (by a signal; a resume continues it) or FAILED."""

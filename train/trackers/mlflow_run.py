@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from train.build import require_extra
-from train.metrics import EPOCH
 from train.trackers import FAILED, FINISHED, Tracker
 
 STATUS = {FINISHED: "FINISHED", FAILED: "FAILED"}  # stopped by a signal: KILLED until a resume reopens it
@@ -45,20 +43,13 @@ class MLflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=items[i:i + BATCH])
         return self.run_id
 
-    def _log(self, step: int, scalars: dict[str, Any]) -> None:
+    def log(self, step: int, scalars: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(key, float(value), now, step) for key, value in scalars.items()
-                   if isinstance(value, int | float) and not isinstance(value, bool)]
-        if metrics:
-            self.client.log_batch(self.run_id, metrics=metrics)
-
-    def log_window(self, step: int, scalars: dict[str, float]) -> None:
-        self._log(step, scalars)
-
-    def log_epoch(self, step: int, record: dict[str, Any]) -> None:
-        self._log(step, {f"epoch/{key}": record[key] for key in EPOCH if key in record})
+        if scalars:
+            self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, step)
+                                                        for key, value in scalars.items()])
 
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=STATUS.get(status, "KILLED"))

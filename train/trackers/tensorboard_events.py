@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
-from train.metrics import EPOCH
 from train.trackers import Tracker
 
 
@@ -24,17 +21,9 @@ class TensorBoardTracker(Tracker):
         if step == 0:
             self._writer.add_text("config", "\n".join(f"    {key}: {value}" for key, value in params.items()))
 
-    def _write(self, step: int, scalars: dict[str, Any]) -> None:
+    def log(self, step: int, scalars: dict[str, float]) -> None:
         for tag, value in scalars.items():
-            if isinstance(value, int | float) and math.isfinite(value):
-                self._writer.add_scalar(tag, value, step)
-
-    def log_window(self, step: int, scalars: dict[str, float]) -> None:
-        self._write(step, scalars)
-
-    def log_epoch(self, step: int, record: dict[str, Any]) -> None:
-        self._write(step, {f"epoch/{key}": record[key] for key in EPOCH if key != "epoch" and key in record
-                           and not isinstance(record[key], bool)})
+            self._writer.add_scalar(tag, value, step)
 
     def finish(self, status: str) -> None:
         self._writer.close()

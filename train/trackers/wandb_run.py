@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
 from train.build import require_extra
-from train.metrics import EPOCH
 from train.trackers import FINISHED, STOPPED, Tracker
 
 
@@ -28,15 +25,8 @@ class WandbTracker(Tracker):
                                    reinit="create_new")
         return self.run.id
 
-    def _log(self, step: int, scalars: dict[str, Any]) -> None:
-        self.run.log({key: value for key, value in scalars.items() if isinstance(value, int | float)
-                      and not isinstance(value, bool) and math.isfinite(value)}, step=step)
-
-    def log_window(self, step: int, scalars: dict[str, float]) -> None:
-        self._log(step, scalars)
-
-    def log_epoch(self, step: int, record: dict[str, Any]) -> None:
-        self._log(step, {f"epoch/{key}": record[key] for key in EPOCH if key in record})
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        self.run.log(scalars, step=step)
 
     def finish(self, status: str) -> None:
         if status == STOPPED:
