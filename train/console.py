@@ -29,12 +29,12 @@ def duration(seconds: float) -> str:
 
 
 class Console:
-    """`show`: this process reports progress at all (trainer.progress, rank 0); `interactive` (default: stderr is
-    a terminal) picks the bar over the lines."""
+    """`show`: this process reports progress at all (trainer.progress, rank 0); a terminal on stderr gets the bar,
+    anything else the lines."""
 
-    def __init__(self, show: bool, every_s: float, interactive: bool | None = None):
+    def __init__(self, show: bool, every_s: float):
         self.show, self.every_s = show, every_s
-        self.interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.interactive = sys.stderr.isatty()
         self._last = time.perf_counter()
         self._since: tuple[float, int] | None = None  # (time, step) this process started training at
 

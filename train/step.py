@@ -237,9 +237,8 @@ class TrainStep:
             if len(batch):
                 sums, count = sums + self.evaluate(batch), count + len(batch)
         loss_sum, correct, top5, count = all_reduce_sum([*sums.tolist(), count], self.device)
-        count = max(count, 1)
-        return {"val_loss": loss_sum / count, "val_acc": correct / count, "val_top5": top5 / count,
-                "val_samples": int(count)}
+        n = max(count, 1)
+        return {"val_loss": loss_sum / n, "val_acc": correct / n, "val_top5": top5 / n, "val_samples": int(count)}
 
     @torch.no_grad()
     def evaluate(self, batch: Batch) -> torch.Tensor:

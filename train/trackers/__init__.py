@@ -98,7 +98,7 @@ class Trackers:
         return dict(self.run_ids)
 
     def load_state_dict(self, state: dict) -> None:
-        self.run_ids = {**state, **self.run_ids} if self._started else dict(state)
+        self.run_ids = dict(state)  # a resume loads them before the first log starts the trackers
 
     def _start(self, step: int) -> None:
         if self._started:
