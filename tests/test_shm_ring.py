@@ -183,16 +183,17 @@ class FaultCounting:
 
 def test_workers_write_each_batch_once_into_a_slot_they_already_mapped():
     """Once a worker has touched its slots, collating a batch touches no fresh pages: no new shared-memory
-    segment, no second stack of the images (a 3 x 96 x 96 batch of 8 spans 54 pages)."""
+    segment, no second stack of the images (a 3 x 192 x 192 batch of 8 spans 216 pages: a
+    few pages of the allocator's own growth stay well under a quarter of it)."""
     class Big(Dataset):
         def __len__(self) -> int:
             return 8 * 24
 
         def __getitem__(self, index: int):
-            return torch.full((3, 96, 96), index % 256, dtype=torch.uint8), index
+            return torch.full((3, 192, 192), index % 256, dtype=torch.uint8), index
 
     slots = 2
-    counting = FaultCounting(ShmRing(1, slots, (8, 3, 96, 96), torch.uint8))
+    counting = FaultCounting(ShmRing(1, slots, (8, 3, 192, 192), torch.uint8))
     batches = StatefulDataLoader(Big(), batch_size=8, collate_fn=counting, num_workers=1, prefetch_factor=slots)
     faults = []
     for index, (batch, count) in enumerate(batches):
@@ -200,7 +201,7 @@ def test_workers_write_each_batch_once_into_a_slot_they_already_mapped():
         assert torch.equal(images[:, 0, 0, 0], (targets % 256).to(torch.uint8)) and batch.bad == 0
         assert targets.tolist() == list(range(8 * index, 8 * index + 8))
         faults.append(count)
-    page_count = 8 * 3 * 96 * 96 // resource.getpagesize()
+    page_count = 8 * 3 * 192 * 192 // resource.getpagesize()
     steady = faults[slots + 1:]
     assert max(steady) < page_count // 4, (faults, page_count)
 
