@@ -9,7 +9,7 @@ server or an S3-compatible store.
 Each sample is `<key>.jpg` (or the file's own format) and `<key>.cls`, in an order shuffled by --seed; shards are
 `<split>/shard-NNNNNN.tar` of about --shard-bytes each. The output is deterministic: the same input gives the same
 bytes (fixed tar headers), so a re-run does not re-upload. Sources: an ImageFolder (root/train, root/val), or any
-loadout source class (`--source pkg.Class` built with `split=`, that offers `read_bytes` or images).
+loadout source class (`--source pkg.Class` built with `split=`, that offers `read_encoded` or images).
 """
 
 from __future__ import annotations
@@ -30,22 +30,22 @@ from train.data.decode import JPEG_MAGIC
 from train.data.source import as_uint8_tensor
 
 
-def encoded(source, index: int, max_side: int | None) -> tuple[bytes, str]:
-    """The sample's file as stored (re-encoded as a JPEG of at most `max_side` px when it is larger), and its
-    extension."""
-    data = source.read_bytes(index) if hasattr(source, "read_bytes") else None
-    if data is not None and max_side is None:
-        return data, "jpg" if data[:3] == JPEG_MAGIC else _format(data)
-    if data is not None:
+def encoded(source, index: int, max_side: int | None) -> tuple[bytes, str, int]:
+    """The sample's file as stored (re-encoded as a JPEG of at most `max_side` px when it is larger), its
+    extension, and its label."""
+    if hasattr(source, "read_encoded"):
+        data, label = source.read_encoded(index)
+        if max_side is None:
+            return data, "jpg" if data[:3] == JPEG_MAGIC else _format(data), int(label)
         image = Image.open(io.BytesIO(data)).convert("RGB")
     else:
-        pixels = as_uint8_tensor(source[index][0])
-        image = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy())
+        pixels, label = source[index][:2]
+        image = Image.fromarray(as_uint8_tensor(pixels).permute(1, 2, 0).contiguous().numpy())
     if max_side and max(image.size) > max_side:
         image.thumbnail((max_side, max_side), Image.BICUBIC)
     out = io.BytesIO()
     image.save(out, "JPEG", quality=90)
-    return out.getvalue(), "jpg"
+    return out.getvalue(), "jpg", int(label)
 
 
 def _format(data: bytes) -> str:
@@ -73,8 +73,7 @@ def write_split(source, out: Path, split: str, shard_bytes: int, max_side: int |
             with tarfile.open(out / names[-1], "w", format=tarfile.USTAR_FORMAT) as tar:
                 while position < len(order) and size < shard_bytes:
                     index = order[position]
-                    data, ext = encoded(source, index, max_side)
-                    label = int(source.targets[index]) if hasattr(source, "targets") else int(source[index][1])
+                    data, ext, label = encoded(source, index, max_side)
                     add(tar, f"{index:09d}.{ext}", data)
                     add(tar, f"{index:09d}.cls", str(label).encode())
                     size, position = size + len(data) + 2048, position + 1

@@ -109,7 +109,7 @@ def test_settings_that_cannot_decode_on_the_device_fail_in_one_line(overrides, m
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["augment=strong"], "data.decode=device: the device runs [Resize ->] RandomCrop"),
-    (["dataset=cifar10"], "data.decode=device: Cifar10Dataset offers no `read_bytes`"),
+    (["dataset=cifar10"], "data.decode=device: Cifar10Dataset offers no `read_encoded`"),
 ])
 def test_sources_and_recipes_it_cannot_run_fail_before_any_worker(tiny_dataset, cifar_root, extra, message):
     root = cifar_root if "dataset=cifar10" in extra else tiny_dataset

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT, compose_config, read_metrics, run_cli, whole_and_resumed
+from tests.conftest import ROOT, compose_config, read_metrics, run_cli, wait_for, whole_and_resumed
 from train.config import ConfigError
 from train.data import data_from_config
 from train.data.datasets import ImageFolderDataset
@@ -56,14 +56,24 @@ def shards(tiny_dataset, tmp_path_factory) -> Path:
     return out
 
 
+def labels(source) -> list[int]:
+    return [source.read_encoded(index)[1] for index in range(len(source))]
+
+
+def member_key(source: ShardSource, index: int) -> str:
+    shard = int(np.searchsorted(source.shard_starts, index, side="right")) - 1
+    return source.members(shard)["keys"][index - source.shard_starts[shard]].decode()
+
+
 @pytest.mark.slow  # starts a server or scripts/make_shards.py
 def test_shards_hold_the_folder_samples_map_style(shards, tiny_dataset, tmp_path):
     source = ShardSource(str(shards), "train", cache_dir=str(tmp_path / "cache"))
     folder = ImageFolderDataset(tiny_dataset, "train")
     assert len(source) == len(folder) == 240 and source.classes == folder.classes
     assert len(source.shard_starts) > 8 and len(set(np.diff(source.shard_starts).tolist())) > 1  # uneven
+    assert not list((tmp_path / "cache").glob("*.index.npz")), "with _info.json counts, nothing indexed at build"
     for index in (0, 17, 239):
-        key = int(source.paths[index].decode().rsplit("#", 1)[1])
+        key = int(member_key(source, index))
         image, label = source[index]
         assert torch.equal(image, folder[key][0]) and label == folder[key][1]
     again = subprocess.run([sys.executable, "scripts/make_shards.py", str(tiny_dataset), str(tmp_path / "again"),
@@ -82,11 +92,11 @@ def test_webdataset_shardwriter_shards_read_as_they_are(tiny_dataset, tmp_path):
         source = ImageFolderDataset(tiny_dataset, split)
         with webdataset.ShardWriter(str(tmp_path / "wds" / split / "part-%04d.tar"), maxcount=50) as sink:
             for index in range(len(source)):
-                sink.write({"__key__": f"s{index:05d}", "jpg": source.read_bytes(index),
+                sink.write({"__key__": f"s{index:05d}", "jpg": source.read_encoded(index)[0],
                             "cls": int(source.targets[index]), "json": {"note": "ignored"}})
     shard_source = ShardSource(str(tmp_path / "wds"), "train", cache_dir=str(tmp_path / "cache"))
     assert len(shard_source) == 240 and len(shard_source.shard_starts) == 6  # 5 shards of <= 50
-    assert np.array_equal(shard_source.targets, folder.targets)
+    assert labels(shard_source) == folder.targets.tolist()  # no _info.json: every shard indexed at build
     assert torch.equal(shard_source[100][0], folder[100][0])
 
 
@@ -152,8 +162,10 @@ def test_shards_from_s3_equal_the_local_ones_downloaded_once_into_the_cache(shar
     cache = tmp_path / "cache"
     remote = ShardSource("s3://loadout/shards", "train", cache_dir=str(cache))
     local = ShardSource(str(shards), "train", cache_dir=str(tmp_path / "local-cache"))
-    assert len(remote) == len(local) and np.array_equal(remote.targets, local.targets)
+    assert len(remote) == len(local) and not list(cache.glob("*.tar")), "lazy: no shard fetched at build"
     assert torch.equal(remote[42][0], local[42][0])
+    assert len(list(cache.glob("*.tar"))) == 1, "reading a sample fetched its shard alone"
+    assert labels(remote) == labels(local)
     copies = sorted(cache.glob("*.tar"))
     assert len(copies) == len(remote.urls) and not list(cache.glob("*.part"))  # one whole copy per shard
 
@@ -210,10 +222,11 @@ def test_shards_over_http_equal_the_local_ones(shards, http, tmp_path):
     url, prefix = http
     remote = ShardSource(url, "train", cache_dir=str(tmp_path / "cache"))
     local = ShardSource(str(shards), "train", cache_dir=str(tmp_path / "local-cache"))
-    assert np.array_equal(remote.targets, local.targets) and torch.equal(remote[7][0], local[7][0])
+    assert labels(remote) == labels(local) and torch.equal(remote[7][0], local[7][0])
     requests = (prefix / "access.log").read_text().count("GET /train/")
     assert requests == len(remote.urls), "each shard downloaded once"
-    ShardSource(url, "train", cache_dir=str(tmp_path / "cache"))  # the cache serves a second build
+    again = ShardSource(url, "train", cache_dir=str(tmp_path / "cache"))  # the cache serves a second run
+    assert labels(again) == labels(local)
     assert (prefix / "access.log").read_text().count("GET /train/") == requests
 
 
@@ -268,7 +281,8 @@ def write_hub_parquet(folder: Path, out: Path) -> Path:
         metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
         rows = np.array_split(np.arange(len(source)), files)
         for number, part in enumerate(rows):
-            table = pa.table({"image": [{"bytes": source.read_bytes(i), "path": f"{i}.jpg"} for i in part.tolist()],
+            images = [{"bytes": source.read_encoded(i)[0], "path": f"{i}.jpg"} for i in part.tolist()]
+            table = pa.table({"image": images,
                               "label": pa.array(source.targets[part], type=pa.int64())})
             pq.write_table(table.replace_schema_metadata(metadata),
                            out / "data" / f"{name}-{number:05d}-of-{files:05d}.parquet", row_group_size=50)
@@ -315,19 +329,21 @@ def test_a_truncated_shard_keeps_its_whole_samples_and_a_corrupt_member_is_skipp
     data = first.read_bytes()
     first.write_bytes(data[:len(data) // 2])  # cut mid-member
     source = ShardSource(str(damaged), "train", cache_dir=str(tmp_path / "cache"))
-    lost = 240 - len(source)
-    assert 0 < lost < 7, "the samples before the cut are kept, those after it are gone"
-    second = source.shard_starts[1]
+    lost = int(source.shard_starts[1]) - len(source.members(0)["labels"])
+    assert len(source) == 240 and 0 < lost < 7, "the samples before the cut are kept, those after it are gone"
+    with pytest.raises(OSError, match="shard-000000.tar holds"):
+        source.read_encoded(int(source.shard_starts[1]) - 1)
+    second = source.members(1)
     with open(damaged / "train" / "shard-000001.tar", "r+b") as f:  # garbage over one image's bytes
-        f.seek(int(source.offsets[second]))
-        f.write(b"\x00" * int(source.sizes[second]))
+        f.seek(int(second["offsets"][0]))
+        f.write(b"\x00" * int(second["sizes"][0]))
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={damaged}", "data.image_size=32",
                           "data.batch_size=16", "data.num_workers=2", "trainer.epochs=1", "data.drop_last=false",
                           f"data.shard_cache_dir={tmp_path / 'cache'}"])
     with data_from_config(cfg, DistEnv(), CPU) as data:
         data.set_epoch(0)
         batches = list(data.train)
-    assert sum(b.bad for b in batches) == 1 and sum(len(b) for b in batches) == len(source) - 1
+    assert sum(b.bad for b in batches) == lost + 1 and sum(len(b) for b in batches) == 240 - lost - 1
 
 
 @pytest.mark.slow
@@ -360,3 +376,153 @@ def test_sigterm_mid_epoch_on_s3_shards_resumes_to_the_uninterrupted_runs_sample
     for epoch in range(2):
         assert epoch_samples(run_dir, epoch, 0) == epoch_samples(reference, epoch, 0), epoch
     assert_same_weights(run_dir, reference)
+
+
+# -- a far-away or failing store: tests/infra/latency_proxy.py in front of the S3 server --------------------------
+def start_proxy(endpoint: str, delay_ms: float) -> tuple[subprocess.Popen, str]:
+    """The latency proxy in front of `endpoint`; returns it and its URL (SIGUSR1 stalls it)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "infra" / "latency_proxy.py"), "--to",
+                             endpoint.removeprefix("http://"), "--delay-ms", str(delay_ms)],
+                            stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline().split()[1])
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def far_s3(s3):
+    """The S3 server 30 ms a request away; yields (env, proxy process)."""
+    proc, url = start_proxy(s3["AWS_ENDPOINT_URL"], 30)
+    try:
+        yield {**s3, "AWS_ENDPOINT_URL": url}, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def cached_shards(cache: Path) -> set[str]:
+    return {path.name.split("-", 1)[1] for path in cache.glob("*.tar")} if cache.exists() else set()
+
+
+@pytest.mark.slow
+def test_the_next_shards_are_fetched_ahead_of_the_workers_and_no_further(far_s3, monkeypatch, tmp_path):
+    """Cold cache, 30 ms a request: while the first batches are read, a thread of the main process fetches the
+    shards the order reaches next (more than the workers have read), but only data.prefetch_shards past them."""
+    env, _ = far_s3
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cache = tmp_path / "cache"
+    cfg = compose_config(["hardware=cpu", "dataset=shards", "data.root=s3://loadout/shards", "data.image_size=32",
+                          "data.batch_size=16", "data.num_workers=2", "data.prefetch_factor=1",
+                          "data.shuffle_window=1", "data.prefetch_shards=4", f"data.shard_cache_dir={cache}"])
+    with data_from_config(cfg, DistEnv(), CPU) as data:
+        data.set_epoch(0)
+        batches = iter(data.train)
+        next(batches)
+        starts = data.samples[0].shard_starts
+        order = ShardWindowSampler(starts, 1, cfg.trainer.seed, 0, 1).order()
+        shard_of = np.searchsorted(starts, order, side="right") - 1
+        name = [f"shard-{s:06d}.tar" for s in range(len(starts) - 1)]
+        # in the loader by now: at most 2 batches with the workers, 1 ahead on the device, 1 delivered
+        read_by_now = {name[s] for s in shard_of[:4 * 16]}
+        wait_for(lambda: cached_shards(cache) > read_by_now, 60, "shards past the workers' to be fetched")
+        time.sleep(2)  # whatever the thread would fetch beyond its bound has had time to arrive
+        reached = len(set(shard_of[:5 * 16].tolist()))
+        assert len(cached_shards(cache)) <= reached + 4 + 1 < len(name), "no more than prefetch_shards ahead"
+        rest = list(batches)
+    assert len(rest) == 14 and sum(b.bad for b in rest) == 0
+
+
+@pytest.mark.slow
+def test_a_store_that_stops_answering_mid_epoch_costs_skipped_samples_not_a_hang(far_s3, small_run_args, tmp_path):
+    """The proxy stops moving bytes once the first shard is cached: each stalled download is tried 3 times with
+    back-off and fails within data.timeout naming the shard; its samples are skipped and counted, and after one
+    such failure a process fails its downloads at once for a while; the run finishes."""
+    import signal
+
+    env, proxy = far_s3
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-m", "train", *small_run_args, "dataset=shards",
+                             "data.root=s3://loadout/shards", "data.num_workers=2", "data.timeout=10",
+                             "trainer.epochs=1", f"data.shard_cache_dir={cache}"], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: cached_shards(cache), 120, "the first shard to be fetched", interval=0.01)
+    proxy.send_signal(signal.SIGUSR1)
+    stalled = time.monotonic()
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert time.monotonic() - stalled < 150
+    assert "cannot download shard s3://loadout/shards/" in out and "after 3 tries" in out, out[-3000:]
+    record = read_metrics(tmp_path / "run")[-1]
+    assert record["bad_samples"] > 100, record
+    assert SECRET not in out
+
+
+@pytest.fixture
+def s3_with_keys(shards):
+    """An S3 server that checks credentials (moto, IAM enforced after its first requests): the shards uploaded by
+    an admin; yields (the trainer's env, a function that revokes the trainer's key)."""
+    import json
+
+    boto3 = pytest.importorskip("boto3")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    everything = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*",
+                                                                     "Resource": "*"}]})
+
+    def user(iam, name: str) -> dict:
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName="all", PolicyDocument=everything)
+        return iam.create_access_key(UserName=name)["AccessKey"]
+
+    def client(kind: str, key: dict):
+        return boto3.client(kind, endpoint_url=endpoint, region_name="us-east-1",
+                            aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"])
+
+    try:
+        wait_for_port(port, proc)
+        admin = user(client("iam", {"AccessKeyId": "bootstrap", "SecretAccessKey": "bootstrap"}), "admin")
+        iam = client("iam", admin)
+        trainer = user(iam, "trainer")
+        store = client("s3", admin)
+        store.create_bucket(Bucket="loadout")
+        for path in sorted(shards.rglob("*")):
+            if path.is_file():
+                store.upload_file(str(path), "loadout", f"shards/{path.relative_to(shards)}")
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": trainer["AccessKeyId"],
+               "AWS_SECRET_ACCESS_KEY": trainer["SecretAccessKey"], "AWS_DEFAULT_REGION": "us-east-1"}
+        yield env, lambda: iam.delete_access_key(UserName="trainer", AccessKeyId=trainer["AccessKeyId"])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_a_credential_revoked_mid_epoch_skips_and_counts_and_then_fails_at_start_in_one_line(s3_with_keys,
+                                                                                              small_run_args,
+                                                                                              tmp_path):
+    env, revoke = s3_with_keys
+    proxy, url = start_proxy(env["AWS_ENDPOINT_URL"], 100)  # slow enough that most shards are still remote
+    args = [*small_run_args, "dataset=shards", "data.root=s3://loadout/shards", "data.num_workers=2",
+            "data.prefetch_shards=1", "trainer.epochs=1", f"data.shard_cache_dir={tmp_path / 'cache'}"]
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "train", *args], cwd=tmp_path,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), **env, "AWS_ENDPOINT_URL": url},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wait_for(lambda: cached_shards(tmp_path / "cache"), 120, "the first shard to be fetched", interval=0.01)
+        revoke()
+        out = proc.communicate(timeout=300)[0]
+    finally:
+        proxy.kill()
+        proxy.wait()
+    assert proc.returncode == 0, out[-3000:]
+    assert "access refused" in out and env["AWS_SECRET_ACCESS_KEY"] not in out, out[-3000:]
+    assert read_metrics(tmp_path / "run")[-1]["bad_samples"] > 100
+    again = run_cli([*args, f"hydra.run.dir={tmp_path / 'again'}", f"data.shard_cache_dir={tmp_path / 'cold'}"],
+                    env=env)
+    assert again.returncode != 0
+    last = again.stderr.strip().splitlines()[-1]
+    assert "s3://loadout/shards" in last and env["AWS_SECRET_ACCESS_KEY"] not in again.stderr + again.stdout, last

@@ -75,11 +75,13 @@ class DataConfig:
     # cpu: workers decode | device: workers ship encoded bytes, the batch is decoded on the training device
     # (torchcodec: batched nvJPEG on CUDA; train/data/encoded.py)
     decode: str = "cpu"
-    # dataset=shards: where shards from http(s):// or s3:// are kept on this node (null: ~/.cache/loadout/shards),
-    # the cache's bound in bytes (0: none; least recently used shards go), and the shards shuffled together
+    # dataset=shards|parquet: where shards from http(s):// or s3:// are kept on this node (null:
+    # ~/.cache/loadout/shards), the cache's bound in bytes (0: none; least recently used shards go), the shards
+    # shuffled together, and how many shards past the one being read are fetched ahead (0: none)
     shard_cache_dir: str | None = None
     shard_cache_bytes: int = 0
     shuffle_window: int = 4
+    prefetch_shards: int = 8
 
 
 @dataclass
@@ -220,7 +222,7 @@ def validate(cfg: Any) -> None:
     for key in ("batch_size", "image_size"):
         if getattr(data, key) < 1:
             _fail(f"data.{key}", getattr(data, key), "use a positive integer")
-    for key in ("timeout", "cache_bytes"):
+    for key in ("timeout", "cache_bytes", "shard_cache_bytes", "prefetch_shards"):
         if (getattr(data, key) or 0) < 0:
             _fail(f"data.{key}", getattr(data, key), "use a number >= 0")
     if data.resize_size is not None and data.resize_size < data.image_size:

@@ -44,12 +44,13 @@ class ImageFolderDataset(Dataset):
         return len(self.targets)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return decode_image_file(self.read_bytes(index), self.min_side), int(self.targets[index])
+        data, label = self.read_encoded(index)
+        return decode_image_file(data, self.min_side), label
 
-    def read_bytes(self, index: int) -> bytes:
-        """The encoded file (data.decode=device decodes it on the training device)."""
+    def read_encoded(self, index: int) -> tuple[bytes, int]:
+        """The encoded file and its label (data.decode=device decodes it on the training device)."""
         with open(self.paths[index].decode(), "rb") as f:
-            return f.read()
+            return f.read(), int(self.targets[index])
 
 
 class Cifar10Dataset(Dataset):

@@ -175,8 +175,8 @@ def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device:
     """data.decode=device, checked before any worker starts: each split's BoxPlan, the loader plan with room for a
     batch of encoded files in the ring, and the decoder; what cannot run fails in one line."""
     for source in sources:
-        if not Offers.of(source).read_bytes:
-            raise ConfigError(f"data.decode=device: {type(source).__name__} offers no `read_bytes` and `targets` "
+        if not Offers.of(source).read_encoded:
+            raise ConfigError(f"data.decode=device: {type(source).__name__} offers no `read_encoded` "
                               "(train/data/source.py), so it has no encoded files to ship; use data.decode=cpu")
     boxes = tuple(BoxPlan.of(transform) for transform in transforms)
     if None in boxes:
@@ -189,7 +189,9 @@ def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device:
         raise ConfigError(f"data.decode=device needs torchcodec ({err}): pip install -c constraints.txt torchcodec, "
                           "or use data.decode=cpu") from err
     train = sources[0]
-    probe = np.linspace(0, len(train) - 1, num=min(len(train), 64)).astype(int).tolist()
-    largest = max(len(train.read_bytes(index)) for index in probe)
+    # the first shard alone where the source is sharded: a remote store is not read wholesale at start
+    last = int(train.shard_starts[1]) if Offers.of(train).shard_starts else len(train)
+    probe = np.linspace(0, last - 1, num=min(last, 64)).astype(int).tolist()
+    largest = max(len(train.read_encoded(index)[0]) for index in probe)
     # a batch of the largest files seen, twice over; a larger batch takes the plain collate (ring.py warns)
     return boxes, dataclasses.replace(plan, encoded_batch_bytes=2 * largest * plan.batch_size), decoder

@@ -19,6 +19,7 @@ from torch.utils.data import (
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from train.config import ConfigError
+from train.data.fetch_ahead import FetchAhead
 from train.data.plan import LoaderPlan
 from train.data.ring import build_collate
 from train.data.seeds import SAMPLER, loader_seed, mixed_seed
@@ -120,7 +121,16 @@ class ShardWindowSampler(Sampler[int]):
 
 def build_sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int) -> Sampler:
     """data.sampler for training (auto: distributed under torchrun, else random or sequential by data.shuffle);
-    validation in order, each rank its own contiguous shard."""
+    validation in order, each rank its own contiguous shard. Over a source that fetches shards, the next
+    data.prefetch_shards of them are fetched ahead of the workers (fetch_ahead.py)."""
+    sampler = _sampler(dataset, data, env, train, seed)
+    fetch = getattr(dataset, "fetch_shard", None)  # Samples: the source's, where it fetches shards
+    if fetch is not None and data.prefetch_shards > 0:
+        return FetchAhead(sampler, dataset.shard_starts, fetch, data.prefetch_shards)
+    return sampler
+
+
+def _sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int) -> Sampler:
     if not train:
         return ShardSampler(len(dataset), env.rank, env.world_size) if env.distributed else SequentialSampler(dataset)
     kind = data.sampler

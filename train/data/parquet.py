@@ -53,7 +53,7 @@ def class_names(schema) -> list[str] | None:
 
 class ParquetSource:
     """One split of a parquet image dataset (train/data/source.py's interface): `classes`, `targets`, `paths`,
-    `read_bytes`, `min_side`, and `shard_starts` (the first row of each row group)."""
+    `read_encoded`, `min_side`, `shard_starts` (the first row of each row group) and `fetch_shard`."""
 
     def __init__(self, root: str, split: str = "train", cache_dir: str | None = None, cache_bytes: int = 0,
                  min_side: int | None = None, timeout: float | None = None):
@@ -85,7 +85,12 @@ class ParquetSource:
     def __len__(self) -> int:
         return len(self.targets)
 
-    def read_bytes(self, index: int) -> bytes:
+    def fetch_shard(self, group: int) -> None:
+        """The row group's file onto this node (the fetch-ahead thread calls this before the workers read)."""
+        self.store.local(self.urls[int(self.groups[group][0])])
+
+    def read_encoded(self, index: int) -> tuple[bytes, int]:
+        """The sample's encoded image and its label, from the row group this process holds or reads now."""
         group = int(np.searchsorted(self.shard_starts, index, side="right")) - 1
         if self._held is None or self._held[0] != group:
             number, row_group = self.groups[group].tolist()
@@ -95,7 +100,8 @@ class ParquetSource:
         data = image.get("bytes") if isinstance(image, dict) else image
         if not data:
             raise OSError(f"{self.paths[index].decode()}: no image bytes in row {index - self.shard_starts[group]}")
-        return data
+        return data, int(self.targets[index])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return decode_image_file(self.read_bytes(index), self.min_side), int(self.targets[index])
+        data, label = self.read_encoded(index)
+        return decode_image_file(data, self.min_side), label

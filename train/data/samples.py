@@ -90,6 +90,11 @@ class Samples(Dataset):
         """The first index of each of the source's shards where it has them (the sampler reads them), else None."""
         return self.source.shard_starts if self.offers.shard_starts else None
 
+    @property
+    def fetch_shard(self):
+        """The source's `fetch_shard` where it has one (the sampler fetches ahead with it), else None."""
+        return self.source.fetch_shard if self.offers.fetch_shard else None
+
     def __getitem__(self, key):
         return self.__getitems__([key])[0]
 
@@ -115,7 +120,7 @@ class Samples(Dataset):
             self.board.note(slot, index)
         try:
             if self.encoded is not None:  # data.decode=device: the file and its box, decoded on the device
-                return self._encoded(index), int(self.source.targets[index]), index
+                return (*self._encoded(index), index)
             image, label = self._load(index) if self.cache is None else self.cache.fetch(index, self._load)
         except UNREADABLE as err:
             return self._bad(index, err)
@@ -124,10 +129,11 @@ class Samples(Dataset):
                 self.board.clear(slot)
         return self.transform(image), int(label), index
 
-    def _encoded(self, index: int) -> EncodedSample:
-        """The encoded file, and the box the transform would draw on the image the CPU path decodes."""
-        data = self.source.read_bytes(index)
-        return EncodedSample(data, self.encoded.draw(image_size(data), getattr(self.source, "min_side", None)))
+    def _encoded(self, index: int) -> tuple[EncodedSample, int]:
+        """The encoded file with the box the transform would draw on the image the CPU path decodes, and its label."""
+        data, label = self.source.read_encoded(index)
+        box = self.encoded.draw(image_size(data), getattr(self.source, "min_side", None))
+        return EncodedSample(data, box), int(label)
 
     def _load(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = self.source[index][:2]

@@ -2,8 +2,15 @@
 node, safe under concurrent readers, bounded in size.
 
 Every worker of every rank on a node shares one cache folder (data.shard_cache_dir). A shard is downloaded by the
-first process that needs it, under an exclusive lock on `<name>.lock`, into a temporary file that is renamed into
-place when whole: a reader never sees a torn file, and the others wait on the lock and then find the copy.
+first process that needs it (often the main process's fetch-ahead thread, fetch_ahead.py), under an exclusive lock on
+`<name>.lock`, into a temporary file that is renamed into place when whole: a reader never sees a torn file, and the
+others wait on the lock and then find the copy. The lock is a POSIX record lock, which a forked worker does not
+inherit: a worker forked while the main process downloads never holds that download's lock.
+
+A download that stalls (no byte for a fifth of data.timeout) or fails is tried again with back-off, then fails
+naming the shard, well within data.timeout; so does one refused (403: an expired credential). A read of such a shard
+is a bad sample, skipped and counted. After a store stopped answering, this process fails its downloads at once for
+COOL_DOWN_S (each a bad sample) rather than waiting out every shard's retries, then tries again.
 With data.shard_cache_bytes > 0 the least recently used copies are removed until the cache fits. Credentials and
 endpoints come the standard way for each protocol (for S3: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... or a profile),
 never from the config, and no message carries them: a shard is named by its URL.
@@ -15,6 +22,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +33,8 @@ from train.config import ConfigError
 log = logging.getLogger(__name__)
 
 RETRIES = 3  # a failed or stalled download is tried this many times, with back-off, before the error stands
+COOL_DOWN_S = 30.0  # after a store stopped answering, its downloads fail at once for this long
+DEFAULT_TIMEOUT_S = 600.0  # data.timeout=null: the DataLoader's own stuck-worker limit (plan.py)
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "loadout" / "shards"
 
 
@@ -37,11 +47,15 @@ class ShardStore:
 
     def __init__(self, cache_dir: str | Path | None = None, max_bytes: int = 0, timeout: float | None = None):
         self.cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
-        self.max_bytes, self.timeout = max_bytes, timeout
+        self.max_bytes = max_bytes
+        timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+        # per attempt: the tries and their back-off end before data.timeout calls the worker stuck
+        self.attempt_timeout = timeout / (RETRIES + 2) if timeout else None
         self._known: dict[str, Path] = {}  # this process's copies already found: no stat or touch per sample
+        self._down: tuple[float, str] | None = None  # (until when, why): the store stopped answering
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_known": {}}
+        return {**self.__dict__, "_known": {}, "_down": None}
 
     def forget(self, url: str) -> None:
         """`url`'s copy went (evicted by another process): the next `local` fetches it again."""
@@ -63,43 +77,66 @@ class ShardStore:
             os.utime(path)  # recently used: the last to go
             self._known[url] = path
             return path
+        if self._down is not None and time.monotonic() < self._down[0]:
+            raise ShardError(f"shard {url} skipped: its store stopped answering {self._down[1]}")
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with open(path.with_name(path.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one download per node; the others wait, then find it
+            try:
+                fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                waited = False
+            except OSError:  # another process is downloading it: wait, then find it
+                fcntl.lockf(lock, fcntl.LOCK_EX)
+                waited = True
             if not path.exists():
+                if waited:  # that download failed after its tries: not tried again by every waiter
+                    self._down = (time.monotonic() + COOL_DOWN_S, "(another process's download just failed)")
+                    raise ShardError(f"shard {url} skipped: another process's download of it just failed")
                 self._download(url, path)
                 self._evict(keep=path)
         self._known[url] = path
         return path
 
     def _download(self, url: str, path: Path) -> None:
-        partial = path.with_name(f"{path.name}.{os.getpid()}.part")
+        partial = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.part")
         for attempt in range(1, RETRIES + 1):
             try:
-                with fsspec.open(url, "rb", **self._options(url)) as source, open(partial, "wb") as out:
-                    while chunk := source.read(1 << 22):
-                        out.write(chunk)
-                    out.flush()
+                fs, remote = self._filesystem(url)
+                fs.get_file(remote, str(partial))  # one GET (s3fs: parts in parallel for a large shard)
+                with open(partial, "rb+") as out:
                     os.fsync(out.fileno())
                 partial.replace(path)  # whole, or not there at all
                 return
             except FileNotFoundError as err:
                 partial.unlink(missing_ok=True)
                 raise ShardError(f"shard {url} does not exist ({type(err).__name__})") from err
-            except Exception as err:  # network, server, credentials: retried, then named
+            except PermissionError as err:  # refused (403: an expired or revoked credential): trying again won't do
+                partial.unlink(missing_ok=True)
+                raise ShardError(f"shard {url}: access refused ({_first_line(err)})") from err
+            except Exception as err:  # network, server: retried, then named
                 partial.unlink(missing_ok=True)
                 if attempt == RETRIES:
-                    raise ShardError(f"cannot download shard {url} after {RETRIES} tries: "
-                                     f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from err
+                    why = f"{type(err).__name__}: {_first_line(err)}"
+                    self._down = (time.monotonic() + COOL_DOWN_S, f"({why})")
+                    raise ShardError(f"cannot download shard {url} after {RETRIES} tries: {why}") from err
                 log.warning("shard %s: %s; trying again", url, type(err).__name__)
-                time.sleep(0.5 * 2**attempt)
+                time.sleep(min(0.5 * 2**attempt, (self.attempt_timeout or 60) / 2))
 
-    def _options(self, url: str) -> dict:
-        if self.timeout and url.startswith(("http://", "https://")):
+    def _filesystem(self, url: str):
+        """(filesystem, path) of `url`, with per-attempt timeouts (no byte for that long is a stalled read) and one
+        try inside the client: the retries are this store's."""
+        timeout, options = self.attempt_timeout, {}
+        if url.startswith(("http://", "https://")):
             import aiohttp
 
-            return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_read=self.timeout)}}
-        return {}
+            options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=timeout,
+                                                                          sock_read=timeout)}}
+        elif url.startswith(("s3://", "s3a://")):
+            limits = {} if timeout is None else {"connect_timeout": timeout, "read_timeout": timeout}
+            options = {"config_kwargs": {**limits, "retries": {"total_max_attempts": 1}}}
+        fs, path = fsspec.core.url_to_fs(url, **options)
+        if hasattr(fs, "retries"):  # s3fs's own retry count (a documented class attribute)
+            fs.retries = 1
+        return fs, path
 
     def _evict(self, keep: Path) -> None:
         """Least recently used copies out until the cache holds at most max_bytes (never `keep`)."""
@@ -114,6 +151,11 @@ class ShardStore:
                 break
             total -= old.stat().st_size
             old.unlink(missing_ok=True)  # a reader that has it open keeps reading its pages
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 class ShardError(ConfigError, OSError):

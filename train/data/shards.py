@@ -1,14 +1,15 @@
 """dataset=shards: WebDataset tar shards, on a local disk, over HTTP or in an S3-compatible store, read map-style.
 
-Each shard gets an index of its members' offsets (as `wids` does), built once from a local copy and cached beside the
-shard cache, so sample i is a seek and a read like any other source's: the sampler, per-sample seeding, the ring,
-data.decode=device and exact resume work unchanged. A sample is the members sharing a key (`dir/stem.ext`): its
-image (`.jpg`, `.jpeg`, `.png` or `.webp`) and its class (`.cls`, an integer, or `.json` with "label" or "cls");
-other members are ignored. Shards written by the `webdataset` library's ShardWriter read as they are.
+Each shard gets an index of its members' offsets (as `wids` does), built from a local copy when the shard is first
+opened and cached beside the shard cache, so sample i is a seek and a read like any other source's: the sampler,
+per-sample seeding, the ring, data.decode=device and exact resume work unchanged. A sample is the members sharing a
+key (`dir/stem.ext`): its image (`.jpg`, `.jpeg`, `.png` or `.webp`) and its class (`.cls`, an integer, or `.json`
+with "label" or "cls"); other members are ignored. Shards written by the `webdataset` library's ShardWriter read as they are.
 
 Shards and classes come from `<root>/_info.json` (timm's convention, what scripts/make_shards.py writes:
 {"classes": [...], "splits": {"train": {"filenames": [...], "shard_lengths": [...]}, ...}}), else from a listing of
-`<root>/<split>/*.tar` (a local folder or S3; HTTP needs the _info.json). The training order reads shards mostly in
+`<root>/<split>/*.tar` (a local folder or S3; HTTP needs the _info.json; without its counts every shard is indexed
+at start). The training order reads shards mostly in
 sequence (loader.ShardWindowSampler, data.shuffle_window).
 """
 
@@ -18,7 +19,10 @@ import json
 import logging
 import os
 import tarfile
+import threading
+from collections import OrderedDict
 from pathlib import Path
+from typing import NamedTuple
 
 import fsspec
 import numpy as np
@@ -34,9 +38,15 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 INDEX_VERSION = 1
 
 
-def list_shards(root: str, split: str) -> tuple[list[str], list[str] | None]:
-    """(shard URLs, class names or None) of `split` under `root`; a store that cannot be reached (no server, no
-    credentials) fails in one line naming `root`, never a credential."""
+class Listing(NamedTuple):
+    urls: list[str]
+    classes: list[str] | None
+    lengths: list[int] | None  # samples per shard, where _info.json says
+
+
+def list_shards(root: str, split: str) -> Listing:
+    """The shards of `split` under `root`; a store that cannot be reached (no server, no credentials) fails in one
+    line naming `root`, never a credential."""
     try:
         return _list_shards(root, split)
     except ConfigError:
@@ -46,7 +56,7 @@ def list_shards(root: str, split: str) -> tuple[list[str], list[str] | None]:
         raise ShardError(f"data.root={root}: cannot list its shards: {type(err).__name__}: {first}") from err
 
 
-def _list_shards(root: str, split: str) -> tuple[list[str], list[str] | None]:
+def _list_shards(root: str, split: str) -> Listing:
     fs, path = fsspec.core.url_to_fs(root)
     info = f"{path.rstrip('/')}/_info.json"
     if fs.exists(info):
@@ -55,8 +65,11 @@ def _list_shards(root: str, split: str) -> tuple[list[str], list[str] | None]:
         if split not in meta.get("splits", {}):
             raise ConfigError(f"data.root={root}: _info.json has no split {split!r} (it has "
                               f"{', '.join(meta.get('splits', {})) or 'none'})")
-        names = meta["splits"][split]["filenames"]
-        return [f"{root.rstrip('/')}/{name}" for name in names], meta.get("classes")
+        entry = meta["splits"][split]
+        classes = meta.get("classes") or ([str(i) for i in range(meta["num_classes"])] if "num_classes" in meta
+                                          else None)
+        return Listing([f"{root.rstrip('/')}/{name}" for name in entry["filenames"]], classes,
+                       entry.get("shard_lengths"))
     if root.startswith(("http://", "https://")):
         raise ConfigError(f"data.root={root}: no _info.json there; an HTTP server cannot be listed, so write one "
                           "(scripts/make_shards.py does)")
@@ -64,7 +77,7 @@ def _list_shards(root: str, split: str) -> tuple[list[str], list[str] | None]:
     if not found:
         raise ConfigError(f"data.root={root}: no shards at {root}/{split}/*.tar and no _info.json; make them with "
                           "`python scripts/make_shards.py SRC OUT`")
-    return [fs.unstrip_protocol(p) if is_remote(root) else p for p in found], None
+    return Listing([fs.unstrip_protocol(p) if is_remote(root) else p for p in found], None, None)
 
 
 def index_shard(path: os.PathLike) -> dict[str, np.ndarray]:
@@ -111,30 +124,51 @@ def _label(f, parts: dict[str, tuple[int, int]]) -> int | None:
 
 
 class ShardSource:
-    """One split of a sharded dataset (train/data/source.py's interface): `classes`, `targets`, `paths`
-    (`<shard URL>#<key>`), `read_bytes`, `min_side`; `shard_starts`, the first sample of each shard."""
+    """One split of a sharded dataset (train/data/source.py's interface): `classes`, `read_encoded`, `min_side`,
+    `paths` (`<shard URL>#<n>`), `shard_starts` (the first sample of each shard) and `fetch_shard`.
+
+    With the sample counts from `_info.json`, nothing is read at build time but that file: a shard is fetched and
+    indexed when the order first reaches it (fetch_ahead.py does that ahead of the workers), and a process keeps the
+    indexes of the last INDEXES_HELD shards it read. Without counts every shard is indexed first (fetched, when
+    remote). No labels array is offered (they sit in the shards), so data.sampler=weighted is refused."""
+
+    INDEXES_HELD = 64
 
     def __init__(self, root: str, split: str = "train", cache_dir: str | None = None, cache_bytes: int = 0,
                  min_side: int | None = None, timeout: float | None = None):
         root = str(root).rstrip("/")
         self.store = ShardStore(cache_dir, cache_bytes, timeout)
-        urls, classes = list_shards(root, split)
-        indexes = [self._index(url) for url in urls]  # before any worker: downloads what it must, once per node
-        lengths = [len(index["labels"]) for index in indexes]
+        urls, classes, lengths = list_shards(root, split)
+        self.urls = np.array(urls)  # an array, not a list: workers never copy its pages (datasets.py)
+        if lengths is None or classes is None:
+            log.info("data.root=%s: no sample counts or classes in an _info.json: indexing the %d %s shards now%s",
+                     root, len(urls), split, " (each fetched into the cache)" if is_remote(root) else "")
+            indexes = [self._index(shard) for shard in range(len(urls))]
+            lengths = [len(index["labels"]) for index in indexes]
+            highest = max((int(index["labels"].max()) for index in indexes if len(index["labels"])), default=-1)
+            classes = classes or [str(i) for i in range(highest + 1)]
         if not sum(lengths):
             raise ConfigError(f"data.root={root}: the {split} shards hold no image with a .cls or .json label")
-        self.urls = urls
         self.shard_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self.offsets = np.concatenate([index["offsets"] for index in indexes])
-        self.sizes = np.concatenate([index["sizes"] for index in indexes])
-        self.targets = np.concatenate([index["labels"] for index in indexes])
-        self.paths = np.concatenate([np.char.add(f"{url}#".encode(), index["keys"])
-                                     for url, index in zip(urls, indexes, strict=True)])
-        self.classes = list(classes) if classes else [str(i) for i in range(int(self.targets.max()) + 1)]
+        self.classes = list(classes)
+        self.paths = SamplePaths(self.urls, self.shard_starts)
         self.min_side = min_side
+        self._held: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()  # this process's recent indexes
 
-    def _index(self, url: str) -> dict[str, np.ndarray]:
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_held": OrderedDict()}
+
+    def __len__(self) -> int:
+        return int(self.shard_starts[-1])
+
+    def fetch_shard(self, shard: int) -> None:
+        """The shard's copy and index onto this node (the fetch-ahead thread calls this before the workers read)."""
+        self._index(shard)
+        self.store.local(str(self.urls[shard]))
+
+    def _index(self, shard: int) -> dict[str, np.ndarray]:
         """The shard's index from the cache, else built from its local copy and cached (atomically)."""
+        url = str(self.urls[shard])
         cached = self.store.cached(url, ".index.npz")
         local = None if is_remote(url) else Path(url.removeprefix("file://"))
         if local is not None and not local.is_file():
@@ -149,31 +183,59 @@ class ShardSource:
         except (tarfile.TarError, OSError) as err:
             if isinstance(err, ShardError):
                 raise
-            raise ConfigError(f"data.root: shard {url} is not a readable tar file ({err})") from err
+            raise ShardError(f"shard {url} is not a readable tar file ({err})") from err
         cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(f"{cached.name}.{os.getpid()}.npz")
+        partial = cached.with_name(f"{cached.name}.{os.getpid()}-{threading.get_ident()}.npz")
         np.savez(partial, version=INDEX_VERSION, stamp=stamp, **index)
         partial.replace(cached)
         return index
 
-    def __len__(self) -> int:
-        return len(self.targets)
+    def members(self, shard: int) -> dict[str, np.ndarray]:
+        """The shard's index, held by this process while it is among the last INDEXES_HELD read."""
+        index = self._held.get(shard)
+        if index is None:
+            index = self._held[shard] = self._index(shard)
+            expected = int(self.shard_starts[shard + 1] - self.shard_starts[shard])
+            if len(index["labels"]) != expected:
+                log.warning("shard %s holds %d readable samples, _info.json says %d", self.urls[shard],
+                            len(index["labels"]), expected)
+            if len(self._held) > self.INDEXES_HELD:
+                self._held.popitem(last=False)
+        else:
+            self._held.move_to_end(shard)
+        return index
 
-    def read_bytes(self, index: int) -> bytes:
-        """The sample's encoded image: a seek and a read in its shard's local copy."""
+    def read_encoded(self, index: int) -> tuple[bytes, int]:
+        """The sample's encoded image and its label: a seek and a read in its shard's local copy."""
         shard = int(np.searchsorted(self.shard_starts, index, side="right")) - 1
-        url = self.urls[shard]
+        url, members = str(self.urls[shard]), self.members(shard)
+        position = index - int(self.shard_starts[shard])
+        if position >= len(members["labels"]):
+            raise OSError(f"shard {url} holds {len(members['labels'])} readable samples, not sample {position} "
+                          "(truncated, or _info.json counts more)")
         try:
             f = open(self.store.local(url), "rb")  # noqa: SIM115 (closed below)
         except FileNotFoundError:  # evicted by another process since this one last read it: fetched again
             self.store.forget(url)
             f = open(self.store.local(url), "rb")  # noqa: SIM115
         with f:
-            f.seek(int(self.offsets[index]))
-            data = f.read(int(self.sizes[index]))
-        if len(data) != self.sizes[index]:
-            raise OSError(f"shard {self.urls[shard]} ends inside this sample (truncated)")
-        return data
+            f.seek(int(members["offsets"][position]))
+            data = f.read(int(members["sizes"][position]))
+        if len(data) != members["sizes"][position]:
+            raise OSError(f"shard {url} ends inside sample {position} (truncated)")
+        return data, int(members["labels"][position])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return decode_image_file(self.read_bytes(index), self.min_side), int(self.targets[index])
+        data, label = self.read_encoded(index)
+        return decode_image_file(data, self.min_side), label
+
+
+class SamplePaths:
+    """`paths[i]` = `<shard URL>#<n>`, sample n of its shard: how a bad or stuck sample is named (source.py)."""
+
+    def __init__(self, urls: np.ndarray, starts: np.ndarray):
+        self.urls, self.starts = urls, starts
+
+    def __getitem__(self, index: int) -> str:
+        shard = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return f"{self.urls[shard]}#{index - int(self.starts[shard])}"

@@ -13,8 +13,10 @@ A source is a map-style dataset built from the `dataset:` config group with `spl
                 read_crops   (indices, tops, lefts, height, width, flips) -> uint8 batch: crop and flip a whole
                              batch at once (transforms.CropFlipPlan draws the boxes)
                 set_epoch    told each sample's epoch before it is read (curricula)
-                read_bytes   index -> the encoded file, for data.decode=device (with `targets`)
+                read_encoded index -> (the encoded file, its label), for data.decode=device
                 shard_starts the first index of each shard: training reads a window of shards at a time
+                fetch_shard  shard -> None: bring a shard onto this node ahead of its reads (with shard_starts; a
+                             thread of the main process calls it for the shards the order reaches next)
 
 Everything else a run gives every source alike (samples.py): the per-sample seeds, the sample cache, the transform,
 bad samples skipped, stuck reads named.
@@ -53,8 +55,9 @@ class Offers:
     size: int | None
     read_crops: bool
     set_epoch: bool
-    read_bytes: bool
+    read_encoded: bool
     shard_starts: bool
+    fetch_shard: bool
 
     @classmethod
     def of(cls, source: Source) -> Offers:
@@ -62,8 +65,8 @@ class Offers:
                    min_side=hasattr(source, "min_side"), decoded=bool(getattr(source, "decoded", False)),
                    size=getattr(source, "size", None), read_crops=hasattr(source, "read_crops"),
                    set_epoch=hasattr(source, "set_epoch"),
-                   read_bytes=hasattr(source, "read_bytes") and hasattr(source, "targets"),
-                   shard_starts=hasattr(source, "shard_starts"))
+                   read_encoded=hasattr(source, "read_encoded"), shard_starts=hasattr(source, "shard_starts"),
+                   fetch_shard=hasattr(source, "shard_starts") and hasattr(source, "fetch_shard"))
 
 
 def as_uint8_tensor(image) -> torch.Tensor:
