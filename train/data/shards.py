@@ -4,13 +4,13 @@ Each shard gets an index of its members' offsets (as `wids` does), built from a 
 opened and cached beside the shard cache, so sample i is a seek and a read like any other source's: the sampler,
 per-sample seeding, the ring, data.decode=device and exact resume work unchanged. A sample is the members sharing a
 key (`dir/stem.ext`): its image (`.jpg`, `.jpeg`, `.png` or `.webp`) and its class (`.cls`, an integer, or `.json`
-with "label" or "cls"); other members are ignored. Shards written by the `webdataset` library's ShardWriter read as they are.
+with "label" or "cls"); other members are ignored. Shards written by the `webdataset` library's ShardWriter read as
+they are.
 
 Shards and classes come from `<root>/_info.json` (timm's convention, what scripts/make_shards.py writes:
 {"classes": [...], "splits": {"train": {"filenames": [...], "shard_lengths": [...]}, ...}}), else from a listing of
 `<root>/<split>/*.tar` (a local folder or S3; HTTP needs the _info.json; without its counts every shard is indexed
-at start). The training order reads shards mostly in
-sequence (loader.ShardWindowSampler, data.shuffle_window).
+at start). The training order reads shards mostly in sequence (loader.ShardWindowSampler, data.shuffle_window).
 """
 
 from __future__ import annotations
