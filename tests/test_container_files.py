@@ -261,6 +261,18 @@ def test_jupyter_is_opt_in_and_token_protected(compose):
     assert not any("ssh" in json.dumps(svc).lower() for svc in compose["services"].values())
 
 
+def test_minio_is_opt_in_password_protected_and_s3_credentials_come_from_the_shell(compose):
+    minio = compose["services"]["minio"]
+    assert minio["profiles"] == ["storage"] and minio["image"].startswith("minio/minio:${MINIO_VERSION:-RELEASE.")
+    assert minio["environment"]["MINIO_ROOT_PASSWORD"] == "${MINIO_ROOT_PASSWORD:-}"
+    assert 'test -n "$${MINIO_ROOT_PASSWORD}"' in minio["entrypoint"][-1], "refuses to start without a password"
+    assert all(p.startswith("127.0.0.1:") for p in minio["ports"]), "published on localhost only"
+    for name in TRAIN_SERVICES:
+        environment = compose["services"][name]["environment"]
+        for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+            assert key in environment and environment[key] is None, f"{name}: {key} passed through, no value"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
 def test_docker_compose_interpolates_hardware_and_train_args(tmp_path):

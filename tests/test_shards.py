@@ -100,6 +100,13 @@ def test_webdataset_shardwriter_shards_read_as_they_are(tiny_dataset, tmp_path):
     assert torch.equal(shard_source[100][0], folder[100][0])
 
 
+def test_weighted_sampling_over_shards_is_refused_in_one_line(shards, tmp_path):
+    cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={shards}", "data.sampler=weighted",
+                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError, match="data.sampler=weighted: the dataset offers no `targets`"):
+        data_from_config(cfg, DistEnv(), CPU)
+
+
 def test_the_window_order_splits_uneven_shards_equally_over_ranks_and_covers_every_sample():
     starts = np.array([0, 7, 20, 21, 40, 55, 61])  # 61 samples in 6 uneven shards
     ranks = [ShardWindowSampler(starts, window=2, seed=3, rank=r, world_size=2) for r in (0, 1)]
@@ -246,23 +253,42 @@ def test_a_shard_that_404s_or_is_missing_fails_at_start_in_one_line_naming_it(sh
 
 
 @pytest.mark.slow
-def test_two_ranks_over_uneven_shards_step_alike_and_finish(shards, tmp_path):
+def test_two_ranks_over_uneven_shards_step_alike_and_resume_at_another_worker_count(shards, tmp_path):
     """torchrun, 2 gloo ranks, 240 samples in shards of uneven length and a batch that does not divide them: both
     ranks take the same number of steps (no rank left waiting in an all-reduce), together they see every sample,
-    and validation counts each of the 80 samples once."""
-    from tests.conftest import RECORD_SAMPLES
-    from tests.test_distributed import flat, only_run_dir, samples, torchrun
+    and validation counts each of the 80 samples once. SIGTERM to the agent in epoch 2, then a resume with 2 workers
+    a rank instead of 1: each rank trains the batches of the run never stopped."""
+    import signal
+
+    from tests.conftest import RECORD_SAMPLES, training_at
+    from tests.test_distributed import flat, only_run_dir, samples, torchrun, torchrun_command
 
     args = ["hardware=cpu", "dataset=shards", f"data.root={shards}", "data.image_size=32", "data.batch_size=14",
-            "data.num_workers=1", "trainer.epochs=1", "trainer.progress=false", RECORD_SAMPLES,
+            "data.num_workers=1", "trainer.epochs=2", "trainer.progress=false", RECORD_SAMPLES,
             f"data.shard_cache_dir={tmp_path / 'cache'}", "data.drop_last=false"]
-    result = torchrun(args, tmp_path)
+    (tmp_path / "reference").mkdir()
+    result = torchrun(args, tmp_path / "reference")
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(tmp_path)
-    ranks = [samples(run_dir, 0, rank) for rank in (0, 1)]
+    reference = only_run_dir(tmp_path / "reference")
+    ranks = [samples(reference, 0, rank) for rank in (0, 1)]
     assert len(ranks[0]) == len(ranks[1]) == 9  # 120 samples each: 8 batches of 14 and one of 8
     assert set(flat(ranks[0])) | set(flat(ranks[1])) == set(range(240))
-    assert read_metrics(run_dir)[-1]["val_samples"] == 80
+    assert read_metrics(reference)[-1]["val_samples"] == 80
+
+    run_dir = tmp_path / "run"
+    agent = subprocess.Popen(torchrun_command([*args, f"hydra.run.dir={run_dir}"]), cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: min(training_at(run_dir, rank) for rank in (0, 1)) >= (1, 2), 300, "epoch 2 to be under way")
+    agent.send_signal(signal.SIGTERM)
+    out = agent.communicate(timeout=120)[0]
+    assert "stopped by SIGTERM at epoch 2" in out, out[-3000:]
+    resumed = torchrun([*args, f"hydra.run.dir={run_dir}", "trainer.resume=auto", "data.num_workers=2"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "this loader has 2: resuming from its (epoch, batch) position" in resumed.stdout + resumed.stderr
+    for epoch in range(2):
+        for rank in (0, 1):
+            assert samples(run_dir, epoch, rank) == samples(reference, epoch, rank), (epoch, rank)
 
 
 # -- Hugging Face parquet --------------------------------------------------------------------------------------

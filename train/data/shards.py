@@ -21,6 +21,7 @@ import os
 import tarfile
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -123,6 +124,35 @@ def _label(f, parts: dict[str, tuple[int, int]]) -> int | None:
     return None
 
 
+def check_present(root: str, urls: list[str]) -> None:
+    """Every shard _info.json lists is there, before any worker starts: one listing per folder (a local disk, S3),
+    or a HEAD per shard, 16 at a time, over HTTP (which cannot be listed)."""
+    fs, _ = fsspec.core.url_to_fs(root)
+    try:
+        if root.startswith(("http://", "https://")):
+            def exists(url: str) -> bool:
+                try:
+                    return bool(fs.info(url))  # a HEAD (fsspec's `exists` GETs the file)
+                except FileNotFoundError:
+                    return False
+
+            with ThreadPoolExecutor(16) as pool:
+                present = dict(zip(urls, pool.map(exists, urls), strict=True))
+        else:
+            names: dict[str, set[str]] = {}
+            for folder in {url.rsplit("/", 1)[0] for url in urls}:
+                names[folder] = {path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(folder, detail=False)}
+            present = {url: url.rsplit("/", 1)[1] in names[url.rsplit("/", 1)[0]] for url in urls}
+    except FileNotFoundError:
+        present = {}
+    except Exception as err:
+        raise ShardError(f"data.root={root}: cannot list its shards: {type(err).__name__}") from err
+    missing = [url for url in urls if not present.get(url)]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ShardError(f"shard {missing[0]}{more} does not exist (listed in the _info.json of data.root)")
+
+
 class ShardSource:
     """One split of a sharded dataset (train/data/source.py's interface): `classes`, `read_encoded`, `min_side`,
     `paths` (`<shard URL>#<n>`), `shard_starts` (the first sample of each shard) and `fetch_shard`.
@@ -147,6 +177,8 @@ class ShardSource:
             lengths = [len(index["labels"]) for index in indexes]
             highest = max((int(index["labels"].max()) for index in indexes if len(index["labels"])), default=-1)
             classes = classes or [str(i) for i in range(highest + 1)]
+        else:
+            check_present(root, urls)
         if not sum(lengths):
             raise ConfigError(f"data.root={root}: the {split} shards hold no image with a .cls or .json label")
         self.shard_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
