@@ -344,7 +344,16 @@ def test_a_hub_parquet_dataset_from_the_s3_server(tiny_dataset, s3_env, tmp_path
         client.upload_file(str(path), "loadout", f"hub/data/{path.name}")
     remote = ParquetSource("s3://loadout/hub", "val", cache_dir=str(tmp_path / "cache"))
     local = ParquetSource(str(root), "val", cache_dir=str(tmp_path / "local"))
-    assert len(remote) == 80 and torch.equal(remote[33][0], local[33][0])
+    assert len(remote) == 80 and np.array_equal(remote.targets, local.targets)
+    assert not list((tmp_path / "cache").glob("*.parquet")), "footer and labels read in place: no file fetched"
+    assert torch.equal(remote[33][0], local[33][0]) and len(list((tmp_path / "cache").glob("*.parquet"))) == 1
+    cfg = compose_config(["hardware=cpu", "dataset=parquet", "data.root=s3://loadout/hub", "data.image_size=32",
+                          "data.batch_size=16", "data.num_workers=2", "trainer.epochs=1",
+                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+    with data_from_config(cfg, DistEnv(), CPU) as data:  # trained from the store: every sample, none bad
+        data.set_epoch(0)
+        batches = list(data.train)
+        assert sum(len(b) for b in batches) == 240 and sum(b.bad for b in batches) == 0
 
 
 @pytest.mark.slow  # starts scripts/make_shards.py

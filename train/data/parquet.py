@@ -6,7 +6,8 @@ found as `validation`), or `<root>/<split>/*.parquet`. Columns: `image` (the Hub
 plain bytes) and `label`; class names from the file's Hugging Face features metadata (a ClassLabel's names) when
 present. Each row group is a "shard" to the training order (loader.ShardWindowSampler reads a window of row groups at
 a time), and a worker keeps the row group it read last, so consecutive samples cost one read. Remote files are kept
-on the node by the same store as tar shards (shard_store.py).
+on the node by the same store as tar shards (shard_store.py): at start only each file's footer and label column
+are read, in place; a file is fetched whole when the order first reaches it (fetch_ahead.py) or a worker reads it.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import json
 
 import fsspec
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from train.config import ConfigError
 from train.data.decode import decode_image_file
 from train.data.shard_store import ShardError, ShardStore, is_remote
+from train.data.shards import SamplePaths
 
 SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid", "test")}
 
@@ -62,20 +65,24 @@ class ParquetSource:
         self.urls = list_files(root, split)
         groups, labels, classes = [], [], None
         for number, url in enumerate(self.urls):
-            parquet = pq.ParquetFile(self.store.local(url))
-            if "image" not in parquet.schema_arrow.names or "label" not in parquet.schema_arrow.names:
-                raise ConfigError(f"data.root: {url} has no `image` and `label` columns (it has "
-                                  f"{', '.join(parquet.schema_arrow.names)})")
-            classes = classes or class_names(parquet.schema_arrow)
-            for group in range(parquet.num_row_groups):
-                groups.append((number, group))
-                labels.append(parquet.read_row_group(group, columns=["label"]).column("label").to_numpy())
+            try:
+                with self.store.open(url) as f:  # the footer and the label column only: no image is fetched
+                    parquet = pq.ParquetFile(f)
+                    names = parquet.schema_arrow.names
+                    if "image" not in names or "label" not in names:
+                        raise ConfigError(f"data.root: {url} has no `image` and `label` columns (it has "
+                                          f"{', '.join(names)})")
+                    classes = classes or class_names(parquet.schema_arrow)
+                    for group in range(parquet.num_row_groups):
+                        groups.append((number, group))
+                        labels.append(parquet.read_row_group(group, columns=["label"]).column("label").to_numpy())
+            except (OSError, pa.ArrowException) as err:
+                raise ShardError(f"data.root: cannot read {url}: {type(err).__name__}") from err
         self.groups = np.array(groups, dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum([len(part) for part in labels])]).astype(np.int64)
         self.targets = np.concatenate(labels).astype(np.int64)
         self.classes = classes or [str(i) for i in range(int(self.targets.max()) + 1)]
-        self.paths = np.array([f"{self.urls[f]}#rowgroup{g}" for f, g in groups], dtype=np.bytes_)[
-            np.searchsorted(self.shard_starts, np.arange(len(self.targets)), side="right") - 1]
+        self.paths = SamplePaths(np.array([f"{self.urls[f]}#rowgroup{g}" for f, g in groups]), self.shard_starts)
         self.min_side = min_side
         self._held: tuple[int, list] | None = None  # this process's last row group: (its number, its images)
 
@@ -99,7 +106,7 @@ class ParquetSource:
         image = self._held[1][index - int(self.shard_starts[group])]
         data = image.get("bytes") if isinstance(image, dict) else image
         if not data:
-            raise OSError(f"{self.paths[index].decode()}: no image bytes in row {index - self.shard_starts[group]}")
+            raise OSError(f"{self.paths[index]}: no image bytes")
         return data, int(self.targets[index])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:

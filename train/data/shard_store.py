@@ -96,6 +96,15 @@ class ShardStore:
         self._known[url] = path
         return path
 
+    def open(self, url: str):
+        """`url` for reading: its local copy where there is one, else read in place from the store by range
+        requests (a few bytes of a remote file, such as a parquet footer, without fetching all of it)."""
+        path = self.cached(url) if is_remote(url) else Path(url.removeprefix("file://"))
+        if not is_remote(url) or path.exists():
+            return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+        fs, remote = self._filesystem(url)
+        return fs.open(remote, "rb")
+
     def _download(self, url: str, path: Path) -> None:
         partial = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.part")
         for attempt in range(1, RETRIES + 1):
