@@ -107,6 +107,31 @@ def test_weighted_sampling_over_shards_is_refused_in_one_line(shards, tmp_path):
         data_from_config(cfg, DistEnv(), CPU)
 
 
+def test_fetch_ahead_keeps_the_order_fetches_what_it_reaches_next_and_ends_its_thread():
+    import threading
+
+    from torch.utils.data import SequentialSampler
+
+    from train.data.fetch_ahead import FetchAhead
+
+    def fetch_ahead_threads() -> int:
+        return sum(thread.name == "loadout-fetch-ahead" for thread in threading.enumerate())
+
+    fetched: list[int] = []
+    sampler = FetchAhead(SequentialSampler(range(20)), np.array([0, 5, 10, 15, 20]), fetched.append, ahead=1)
+    order = iter(sampler)
+    first = next(order)
+    wait_for(lambda: len(fetched) >= 2, 10, "the shard in use and the next")
+    time.sleep(0.3)
+    assert fetched == [0, 1], "the shard reached and one ahead, no further"
+    assert [first, *order] == list(range(20)), "the order unchanged"
+    wait_for(lambda: fetch_ahead_threads() == 0, 10, "the thread to end with its order")
+    abandoned = iter(sampler)
+    next(abandoned)
+    abandoned.close()  # a seek or a closed loader
+    wait_for(lambda: fetch_ahead_threads() == 0, 10, "the thread to end with an abandoned order")
+
+
 def test_the_window_order_splits_uneven_shards_equally_over_ranks_and_covers_every_sample():
     starts = np.array([0, 7, 20, 21, 40, 55, 61])  # 61 samples in 6 uneven shards
     ranks = [ShardWindowSampler(starts, window=2, seed=3, rank=r, world_size=2) for r in (0, 1)]

@@ -26,9 +26,10 @@ class FetchAhead(Sampler[int]):
 
     def __init__(self, sampler: Sampler[int], starts: np.ndarray, fetch: Callable[[int], None], ahead: int):
         self.sampler, self.starts, self.fetch, self.ahead = sampler, starts, fetch, ahead
-        self._plan: tuple[np.ndarray, np.ndarray] | None = None  # shards in order of first use, and that position
+        self._plan: tuple[np.ndarray, np.ndarray] | None = None  # shards in order of first use, and where
         self._drawn = 0  # how many indices of the current order have been handed out
         self._wake = threading.Event()
+        self._lock = threading.Lock()  # a new order and the thread's decision to end exclude each other
         self._thread: threading.Thread | None = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -43,20 +44,31 @@ class FetchAhead(Sampler[int]):
         shards = np.searchsorted(self.starts, order, side="right") - 1
         _, first = np.unique(shards, return_index=True)
         first.sort()
-        self._drawn, self._plan = 0, (shards[first], first)
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="loadout-fetch-ahead", daemon=True)
-            self._thread.start()
+        plan = (shards[first], first)
+        with self._lock:
+            self._drawn, self._plan = 0, plan
+            if self._thread is None:  # one thread while an order is being drawn; it ends when that is done
+                self._thread = threading.Thread(target=self._run, name="loadout-fetch-ahead", daemon=True)
+                self._thread.start()
         self._wake.set()
-        for drawn, index in enumerate(order.tolist(), start=1):
-            self._drawn = drawn
-            yield index
+        try:
+            for drawn, index in enumerate(order.tolist(), start=1):
+                self._drawn = drawn
+                yield index
+        finally:  # drawn to the end, or abandoned (a seek, a closed loader): nothing more to fetch for it
+            with self._lock:
+                if self._plan is plan:
+                    self._plan = None
 
     def _run(self) -> None:
         plan, fetched, failing = None, set(), False
         while True:
-            if plan is not self._plan:  # a new order (an epoch, a resume): the cache may have let shards go
-                plan, fetched = self._plan, set()
+            with self._lock:
+                if self._plan is None:  # the order was drawn to its end or abandoned
+                    self._thread = None
+                    return
+                if plan is not self._plan:  # a new order (an epoch, a resume): the cache may have let shards go
+                    plan, fetched = self._plan, set()
             sequence, first_use = plan
             reached = int(np.searchsorted(first_use, self._drawn, side="right"))
             wanted = [int(s) for s in sequence[max(reached - 1, 0):reached + self.ahead] if int(s) not in fetched]
