@@ -5,15 +5,15 @@ Every worker of every rank on a node shares one cache folder (data.shard_cache_d
 first process that needs it (often the main process's fetch-ahead thread, fetch_ahead.py), under an exclusive lock on
 `<name>.lock`, into a temporary file that is renamed into place when whole: a reader never sees a torn file, and the
 others wait on the lock and then find the copy. The lock is a POSIX record lock, which a forked worker does not
-inherit: a worker forked while the main process downloads never holds that download's lock.
+inherit: a worker forked while the main process downloads never holds that download's lock. With
+data.shard_cache_bytes > 0 the least recently used copies are removed until the cache fits. Credentials and endpoints
+come the standard way for each protocol (for S3: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... or a profile), never from
+the config, and no message carries them: a shard is named by its URL.
 
 A download that stalls (no byte for a fifth of data.timeout) or fails is tried again with back-off, then fails
-naming the shard, well within data.timeout; so does one refused (403: an expired credential). A read of such a shard
-is a bad sample, skipped and counted. After a store stopped answering, this process fails its downloads at once for
-COOL_DOWN_S (each a bad sample) rather than waiting out every shard's retries, then tries again.
-With data.shard_cache_bytes > 0 the least recently used copies are removed until the cache fits. Credentials and
-endpoints come the standard way for each protocol (for S3: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... or a profile),
-never from the config, and no message carries them: a shard is named by its URL.
+naming the shard, well within data.timeout; one refused (403: an expired credential) or missing (404) fails at once.
+A read of such a shard is a bad sample, skipped and counted. After a store stopped answering, this process fails its
+downloads at once for COOL_DOWN_S (each a bad sample) rather than waiting out every shard's tries, then tries again.
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ class ShardStore:
                 fcntl.lockf(lock, fcntl.LOCK_EX)
                 waited = True
             if not path.exists():
-                if waited:  # that download failed after its tries: not tried again by every waiter
-                    self._down = (time.monotonic() + COOL_DOWN_S, "(another process's download just failed)")
+                if waited:  # that download failed after its tries (or 404, or 403): not tried again by every waiter
                     raise ShardError(f"shard {url} skipped: another process's download of it just failed")
                 self._download(url, path)
                 self._evict(keep=path)
