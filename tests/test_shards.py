@@ -4,6 +4,7 @@ S3-compatible server (moto's, on 127.0.0.1); the shard window order over ranks; 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -223,13 +224,12 @@ def test_a_run_trains_from_the_s3_server_and_keeps_the_secret_out_of_its_files(s
 
 
 # -- HTTP: nginx ----------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def http(shards, tmp_path_factory):
-    """nginx serving the shards folder on 127.0.0.1 (range requests included); yields its base URL."""
+@contextlib.contextmanager
+def nginx_serving(root: Path, prefix: Path):
+    """nginx serving `root` on 127.0.0.1 (range requests included), its files in `prefix`; yields its base URL."""
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if nginx is None:
         pytest.skip("nginx is not installed (`.ci/ensure_package.sh nginx nginx-light` installs it)")
-    prefix = tmp_path_factory.mktemp("nginx")
     port = free_port()
     user = "user root;" if os.geteuid() == 0 else ""  # its workers read the test's private tmp dir
     (prefix / "nginx.conf").write_text(f"""daemon off; {user} worker_processes 1; pid {prefix}/nginx.pid;
@@ -237,16 +237,24 @@ error_log {prefix}/error.log;
 events {{ worker_connections 64; }}
 http {{ access_log {prefix}/access.log; client_body_temp_path {prefix}; proxy_temp_path {prefix};
   fastcgi_temp_path {prefix}; uwsgi_temp_path {prefix}; scgi_temp_path {prefix};
-  server {{ listen 127.0.0.1:{port}; root {shards}; }} }}
+  server {{ listen 127.0.0.1:{port}; root {root}; }} }}
 """)
     proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf")], stderr=subprocess.PIPE,
                             text=True)
     try:
         wait_for_port(port, proc)
-        yield f"http://127.0.0.1:{port}", prefix
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def http(shards, tmp_path_factory):
+    """nginx serving the shards folder; yields its base URL and its prefix (access.log)."""
+    prefix = tmp_path_factory.mktemp("nginx")
+    with nginx_serving(shards, prefix) as url:
+        yield url, prefix
 
 
 @pytest.mark.slow  # starts a server or scripts/make_shards.py
@@ -275,6 +283,29 @@ def test_a_shard_that_404s_or_is_missing_fails_at_start_in_one_line_naming_it(sh
     with pytest.raises(ConfigError) as err:
         ShardSource(str(broken), "train", cache_dir=str(tmp_path / "cache"))
     assert "shard-999999.tar" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_shards_that_404_mid_run_are_skipped_and_counted(shards, tmp_path):
+    """Shards removed from the web server after the run started (its start-up check passed): their samples are bad
+    samples, skipped and counted; the epoch finishes with every other sample."""
+    served = tmp_path / "served"
+    shutil.copytree(shards, served)
+    (tmp_path / "nginx").mkdir()
+    with nginx_serving(served, tmp_path / "nginx") as url:
+        cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={url}", "data.image_size=32",
+                              "data.batch_size=16", "data.num_workers=2", "data.drop_last=false",
+                              "data.prefetch_shards=0", f"data.shard_cache_dir={tmp_path / 'cache'}"])
+        with data_from_config(cfg, DistEnv(), CPU) as data:
+            starts = data.samples[0].shard_starts
+            first = int(np.searchsorted(starts, 0, side="right")) - 1  # fetched by the start-up check
+            gone = [shard for shard in (3, 5, 8) if shard != first]
+            for shard in gone:
+                (served / "train" / f"shard-{shard:06d}.tar").unlink()
+            data.set_epoch(0)
+            batches = list(data.train)
+    lost = sum(int(starts[shard + 1] - starts[shard]) for shard in gone)
+    assert sum(b.bad for b in batches) == lost and sum(len(b) for b in batches) == 240 - lost
 
 
 @pytest.mark.slow
