@@ -157,10 +157,11 @@ class ShardSource:
     """One split of a sharded dataset (train/data/source.py's interface): `classes`, `read_encoded`, `min_side`,
     `paths` (`<shard URL>#<n>`), `shard_starts` (the first sample of each shard) and `fetch_shard`.
 
-    With the sample counts from `_info.json`, nothing is read at build time but that file: a shard is fetched and
-    indexed when the order first reaches it (fetch_ahead.py does that ahead of the workers), and a process keeps the
-    indexes of the last INDEXES_HELD shards it read. Without counts every shard is indexed first (fetched, when
-    remote). No labels array is offered (they sit in the shards), so data.sampler=weighted is refused."""
+    With the sample counts from `_info.json`, nothing is read at build time but that file and a listing (every shard
+    there, check_present): a shard is fetched and indexed when the order first reaches it (fetch_ahead.py does that
+    ahead of the workers), and a process keeps the indexes of the last INDEXES_HELD shards it read. Without counts
+    every shard is indexed first (fetched, when remote). No labels array is offered (they sit in the shards), so
+    data.sampler=weighted is refused."""
 
     INDEXES_HELD = 64
 
