@@ -1,11 +1,12 @@
-"""Remote shards fetched before the workers reach them: a sampler wrapper whose thread, in the main process, brings
+"""Remote shards fetched before the workers reach them: a sampler wrapper whose threads, in the main process, bring
 the next shards of this rank's order onto the node while the workers read the current ones.
 
 The order is the sampler's (a function of seed and epoch), drawn in the main process as the DataLoader hands
 batches to the workers, so how far it has been drawn is how far the workers have got (plus their prefetch). The
-thread keeps the shards the order has reached and the next `ahead` ones in the node's cache (the source's
+threads keep the shards the order has reached and the next `ahead` ones in the node's cache (the source's
 `fetch_shard`: a download under the node's lock, then the index); the workers find them there and read at local
-speed. A shard the thread cannot fetch is left to the workers, whose read then fails as a bad sample or fetches it.
+speed. Several downloads are in flight at once: one stream's round trips and bandwidth fall behind the workers. A
+shard the threads cannot fetch is left to the workers, whose read then fails as a bad sample or fetches it.
 """
 
 from __future__ import annotations
@@ -19,18 +20,22 @@ from torch.utils.data import Sampler
 
 log = logging.getLogger(__name__)
 
+FETCHES_AT_ONCE = 4  # downloads in flight: one stream's latency and bandwidth cannot keep two workers fed (RESULTS.md)
+
 
 class FetchAhead(Sampler[int]):
-    """`sampler`'s order, unchanged, while a daemon thread fetches the next `ahead` shards it reaches
-    (`fetch(shard)`; `starts`: the first index of each shard)."""
+    """`sampler`'s order, unchanged, while FETCHES_AT_ONCE daemon threads fetch the shards it has reached and the next
+    `ahead` (`fetch(shard)`; `starts`: the first index of each shard)."""
 
     def __init__(self, sampler: Sampler[int], starts: np.ndarray, fetch: Callable[[int], None], ahead: int):
         self.sampler, self.starts, self.fetch, self.ahead = sampler, starts, fetch, ahead
         self._plan: tuple[np.ndarray, np.ndarray] | None = None  # shards in order of first use, and where
+        self._claimed: set[int] = set()  # shards of the current order a thread has taken on
         self._drawn = 0  # how many indices of the current order have been handed out
-        self._wake = threading.Event()
-        self._lock = threading.Lock()  # a new order and the thread's decision to end exclude each other
-        self._thread: threading.Thread | None = None
+        self._failing = False  # warned of the current outage already
+        self._lock = threading.Lock()  # a new order, a claim and a thread's decision to end exclude each other
+        self._new_order = threading.Condition(self._lock)
+        self._threads = 0
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -45,12 +50,12 @@ class FetchAhead(Sampler[int]):
         _, first = np.unique(shards, return_index=True)
         first.sort()
         plan = (shards[first], first)
-        with self._lock:
-            self._drawn, self._plan = 0, plan
-            if self._thread is None:  # one thread while an order is being drawn; it ends when that is done
-                self._thread = threading.Thread(target=self._run, name="loadout-fetch-ahead", daemon=True)
-                self._thread.start()
-        self._wake.set()
+        with self._lock:  # a new order (an epoch, a resume): the cache may have let shards go, so all are fetched anew
+            self._drawn, self._plan, self._claimed = 0, plan, set()
+            for _ in range(FETCHES_AT_ONCE - self._threads):  # threads while an order is drawn; they end with it
+                threading.Thread(target=self._run, name="loadout-fetch-ahead", daemon=True).start()
+            self._threads = FETCHES_AT_ONCE
+            self._new_order.notify_all()
         try:
             for drawn, index in enumerate(order.tolist(), start=1):
                 self._drawn = drawn
@@ -61,27 +66,23 @@ class FetchAhead(Sampler[int]):
                     self._plan = None
 
     def _run(self) -> None:
-        plan, fetched, failing = None, set(), False
         while True:
             with self._lock:
                 if self._plan is None:  # the order was drawn to its end or abandoned
-                    self._thread = None
+                    self._threads -= 1
                     return
-                if plan is not self._plan:  # a new order (an epoch, a resume): the cache may have let shards go
-                    plan, fetched = self._plan, set()
-            sequence, first_use = plan
-            reached = int(np.searchsorted(first_use, self._drawn, side="right"))
-            wanted = [int(s) for s in sequence[max(reached - 1, 0):reached + self.ahead] if int(s) not in fetched]
-            if not wanted:
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            shard = wanted[0]
+                sequence, first_use = self._plan
+                reached = int(np.searchsorted(first_use, self._drawn, side="right"))
+                shard = next((int(s) for s in sequence[max(reached - 1, 0):reached + self.ahead]
+                              if int(s) not in self._claimed), None)
+                if shard is None:  # all fetched or in flight: look again as the workers move on
+                    self._new_order.wait(0.05)
+                    continue
+                self._claimed.add(shard)
             try:
                 self.fetch(shard)
-                failing = False
+                self._failing = False
             except Exception as err:  # the workers' own reads meet it too: a bad sample, skipped and counted
-                if not failing:  # once an outage, not once a shard
+                if not self._failing:  # once an outage, not once a shard
                     log.warning("fetching shard %d ahead: %s (the workers fetch what they need themselves)", shard, err)
-                failing = True
-            fetched.add(shard)
+                self._failing = True

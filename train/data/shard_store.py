@@ -2,10 +2,11 @@
 node, safe under concurrent readers, bounded in size.
 
 Every worker of every rank on a node shares one cache folder (data.shard_cache_dir). A shard is downloaded by the
-first process that needs it (often the main process's fetch-ahead thread, fetch_ahead.py), under an exclusive lock on
+first process that needs it (often the main process's fetch-ahead threads, fetch_ahead.py), under an exclusive lock on
 `<name>.lock`, into a temporary file that is renamed into place when whole: a reader never sees a torn file, and the
 others wait on the lock and then find the copy. The lock is a POSIX record lock, which a forked worker does not
-inherit: a worker forked while the main process downloads never holds that download's lock. With
+inherit (a worker forked while the main process downloads never holds that download's lock) and which a process's
+threads share (so they queue on a threading lock per URL as well). With
 data.shard_cache_bytes > 0 the least recently used copies are removed until the cache fits. Credentials and endpoints
 come the standard way for each protocol (for S3: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... or a profile), never from
 the config, and no message carries them: a shard is named by its URL.
@@ -53,9 +54,14 @@ class ShardStore:
         self.attempt_timeout = timeout / (RETRIES + 2) if timeout else None
         self._known: dict[str, Path] = {}  # this process's copies already found: no stat or touch per sample
         self._down: tuple[float, str] | None = None  # (until when, why): the store stopped answering
+        self._threads_of: dict[str, threading.Lock] = {}  # a lock per URL for this process's threads
+        self._threads_lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_known": {}, "_down": None}
+        return {**self.__dict__, "_known": {}, "_down": None, "_threads_of": {}, "_threads_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _threads_lock=threading.Lock())
 
     def forget(self, url: str) -> None:
         """`url`'s copy went (evicted by another process): the next `local` fetches it again."""
@@ -80,7 +86,10 @@ class ShardStore:
         if self._down is not None and time.monotonic() < self._down[0]:
             raise ShardError(f"shard {url} skipped: its store stopped answering {self._down[1]}")
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + ".lock"), "w") as lock:
+        with self._threads_lock:
+            threads = self._threads_of.setdefault(url, threading.Lock())
+        # the file lock keeps other processes out; a process's own threads (fetching ahead) queue on `threads`
+        with threads, open(path.with_name(path.name + ".lock"), "w") as lock:
             try:
                 fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 waited = False
