@@ -574,6 +574,8 @@ def test_a_store_that_stops_answering_mid_epoch_costs_skipped_samples_not_a_hang
     assert "cannot download shard s3://loadout/shards/" in out and "after 3 tries" in out, out[-3000:]
     record = read_metrics(tmp_path / "run")[-1]
     assert record["bad_samples"] > 100, record
+    skipped_lines = out.count("skipping")
+    assert skipped_lines < record["bad_samples"] / 4, "a lost shard is a line per process, not one per sample"
     assert SECRET not in out
 
 

@@ -10,7 +10,7 @@ The DataLoader hands `Samples.__getitems__` a whole batch of keys: `(epoch, inde
 3. load: `source[index]` as a uint8 CHW tensor, or from the shared sample cache (cache.py);
 4. transform: the recipe's per-sample pipeline (augment.py, transforms.py);
 5. skip a bad sample: an unreadable one becomes None (counted by the collate) or, with data.on_bad_sample=raise,
-   an error naming its file.
+   an error naming its file; the samples of a shard that cannot be had are one log line, not one each.
 A source that crops whole batches (`read_crops`, the packed format) takes steps 3-4 a batch at a time when the
 pipeline is a CropFlipPlan, its boxes drawn from the same seeds; if that batch read fails, its samples go one by
 one, so the bad one is found and skipped.
@@ -32,6 +32,7 @@ from train.data.decode import UNREADABLE, image_size
 from train.data.encoded import BoxPlan, EncodedSample
 from train.data.loader import LoaderError
 from train.data.seeds import sample_seeds
+from train.data.shard_store import ShardError
 from train.data.source import Offers, Source, as_uint8_tensor, sample_name
 from train.data.transforms import CropFlipPlan
 from train.data.workers import one_torch_thread
@@ -76,6 +77,7 @@ class Samples(Dataset):
         batched = self.offers.read_crops and self.offers.size and self.offers.targets
         plan = CropFlipPlan.of(transform) if batched else None
         self.crops = plan if plan is not None and cache is None and encoded is None else None
+        self._told: set[str] = set()  # the shards (or stores) whose loss this process has logged
 
     def __len__(self) -> int:
         return len(self.source)
@@ -159,5 +161,10 @@ class Samples(Dataset):
         where = sample_name(self.source, index)
         if self.on_bad_sample == "raise":
             raise BadSampleError(f"cannot read {where}: {err} (data.on_bad_sample=warn skips such samples)") from err
+        if isinstance(err, ShardError):  # the whole shard cannot be had: one line for its samples, not one each
+            if err.about not in self._told:
+                self._told.add(err.about)
+                log.warning("skipping the samples of a shard: %s (each counted in bad_samples)", err)
+            return None
         log.warning("skipping unreadable sample %s: %s", where, err)
         return None

@@ -84,7 +84,8 @@ class ShardStore:
             self._known[url] = path
             return path
         if self._down is not None and time.monotonic() < self._down[0]:
-            raise ShardError(f"shard {url} skipped: its store stopped answering {self._down[1]}")
+            raise ShardError(f"shard {url} skipped: its store stopped answering {self._down[1]}",
+                             about=f"the store {self._down[1]}")
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with self._threads_lock:
             threads = self._threads_of.setdefault(url, threading.Lock())
@@ -98,7 +99,7 @@ class ShardStore:
                 waited = True
             if not path.exists():
                 if waited:  # that download failed after its tries (or 404, or 403): not tried again by every waiter
-                    raise ShardError(f"shard {url} skipped: another process's download of it just failed")
+                    raise ShardError(f"shard {url} skipped: another process's download of it just failed", url)
                 self._download(url, path)
                 self._evict(keep=path)
         self._known[url] = path
@@ -125,16 +126,16 @@ class ShardStore:
                 return
             except FileNotFoundError as err:
                 partial.unlink(missing_ok=True)
-                raise ShardError(f"shard {url} does not exist ({type(err).__name__})") from err
+                raise ShardError(f"shard {url} does not exist ({type(err).__name__})", url) from err
             except PermissionError as err:  # refused (403: an expired or revoked credential): trying again won't do
                 partial.unlink(missing_ok=True)
-                raise ShardError(f"shard {url}: access refused ({_first_line(err)})") from err
+                raise ShardError(f"shard {url}: access refused ({_first_line(err)})", url) from err
             except Exception as err:  # network, server: retried, then named
                 partial.unlink(missing_ok=True)
                 if attempt == RETRIES:
                     why = f"{type(err).__name__}: {_first_line(err)}"
                     self._down = (time.monotonic() + COOL_DOWN_S, f"({why})")
-                    raise ShardError(f"cannot download shard {url} after {RETRIES} tries: {why}") from err
+                    raise ShardError(f"cannot download shard {url} after {RETRIES} tries: {why}", url) from err
                 log.warning("shard %s: %s; trying again", url, type(err).__name__)
                 time.sleep(min(0.5 * 2**attempt, (self.attempt_timeout or 60) / 2))
 
@@ -177,5 +178,10 @@ def _first_line(err: BaseException) -> str:
 
 class ShardError(ConfigError, OSError):
     """A shard that cannot be had: one line naming its URL (never a credential). An OSError, so a read in a worker
-    is a bad sample; a ConfigError, so at start-up it is a one-line error."""
+    is a bad sample; a ConfigError, so at start-up it is a one-line error. `about`: what failed (a shard's URL, or
+    the store while it is down), so its samples are logged once (samples.py), not each."""
+
+    def __init__(self, message: str, about: str = ""):
+        super().__init__(message)
+        self.about = about or message
 

@@ -205,7 +205,7 @@ class ShardSource:
         cached = self.store.cached(url, ".index.npz")
         local = None if is_remote(url) else Path(url.removeprefix("file://"))
         if local is not None and not local.is_file():
-            raise ShardError(f"shard {url} does not exist (listed in the _info.json of data.root)")
+            raise ShardError(f"shard {url} does not exist (listed in the _info.json of data.root)", url)
         stamp = 0 if local is None else local.stat().st_mtime_ns
         if cached.exists():
             with np.load(cached) as saved:
@@ -216,7 +216,7 @@ class ShardSource:
         except (tarfile.TarError, OSError) as err:
             if isinstance(err, ShardError):
                 raise
-            raise ShardError(f"shard {url} is not a readable tar file ({err})") from err
+            raise ShardError(f"shard {url} is not a readable tar file ({err})", url) from err
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_name(f"{cached.name}.{os.getpid()}-{threading.get_ident()}.npz")
         np.savez(partial, version=INDEX_VERSION, stamp=stamp, **index)
