@@ -11,7 +11,9 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import urllib.request
+from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
 
@@ -33,16 +35,16 @@ def args(root: Path, run_dir: Path, *extra: str) -> list[str]:
             "trainer.epochs=2", "trainer.progress=false", RECORD_SAMPLES, f"hydra.run.dir={run_dir}", *extra]
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """`mlflow server` on 127.0.0.1 with a SQLite backend, as a team runs it."""
-    home = tmp_path_factory.mktemp("mlflow")
+@contextmanager
+def serving_mlflow(home: Path):
+    """`mlflow server` on 127.0.0.1 with a SQLite backend in `home`, as a team runs it; yields (its URL, process)."""
     port = free_port()
     with open(home / "server.log", "w") as log:
         server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
                                    "--port", str(port), "--workers", "1", "--backend-store-uri",
                                    f"sqlite:///{home / 'mlflow.db'}", "--default-artifact-root",
-                                   str(home / "artifacts")], stdout=log, stderr=subprocess.STDOUT, cwd=home)
+                                   str(home / "artifacts")], stdout=log, stderr=subprocess.STDOUT, cwd=home,
+                                  start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -52,10 +54,19 @@ def mlflow_server(tmp_path_factory):
         except OSError:
             return False
 
-    wait_for(healthy, 120, "the MLflow server", interval=0.5)
-    yield url
-    server.terminate()
-    server.wait(timeout=30)
+    try:
+        wait_for(healthy, 120, "the MLflow server", interval=0.5)
+        yield url, server
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    with serving_mlflow(tmp_path_factory.mktemp("mlflow")) as (url, _):
+        yield url
 
 
 def mlflow_runs(url: str, experiment: str) -> list:
@@ -107,6 +118,30 @@ def test_mlflow_keeps_one_run_through_a_sigterm_and_its_resume(mlflow_server, ti
     assert float(rows[-1]["val_top5"]) == pytest.approx(read_metrics(run_dir)[-1]["val_top5"])
 
 
+@pytest.mark.slow
+def test_an_mlflow_server_that_dies_mid_run_costs_its_figures_not_the_run(tiny_dataset, tmp_path):
+    """The tracking server is killed in epoch 2 of 3, where MLflow's client retries each request for minutes: the
+    run trains on at its pace, finishes (every figure in metrics.jsonl) and exits after CLOSE_S at most, saying the
+    trackers' last calls did not arrive."""
+    from train.trackers.delivery import CLOSE_S
+
+    run_dir = tmp_path / "run"
+    with serving_mlflow(tmp_path) as (url, server):
+        cmd = args(tiny_dataset, run_dir, "logger=[mlflow]", "trainer.epochs=3")
+        proc = subprocess.Popen([sys.executable, "-m", "train", *cmd], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": url})
+        wait_for(lambda: proc.poll() is not None or training_at(run_dir) >= (1, 2), 300, "epoch 2 to be under way")
+        os.killpg(server.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        out = proc.communicate(timeout=300)[0]
+        took = time.monotonic() - killed
+    assert proc.returncode == 0, out[-3000:]
+    assert [record["epoch"] for record in read_metrics(run_dir)] == [1, 2, 3]
+    assert took < CLOSE_S + 60, f"{took:.0f} s from the server's death to the run's exit"
+    assert "the trackers did not deliver their last" in out, out[-3000:]
+
+
 def wandb_records(path: Path):
     """The protobuf records of a W&B run file (`run-<id>.wandb`): LevelDB's log format (32 KiB blocks, a 7-byte
     header per chunk) after W&B's 7-byte file header."""
@@ -129,6 +164,44 @@ def wandb_records(path: Path):
             record.ParseFromString(chunks)
             chunks = b""
             yield record
+
+
+def test_a_tracker_that_fails_is_warned_about_once_and_used_again_when_it_answers(caplog):
+    """A tracker of the user's own whose server goes away for two windows and comes back: the training thread never
+    sees its error, one warning says so, and the figures after its return arrive, in order, by finish."""
+    from train.trackers import FINISHED, Tracker, Trackers
+
+    class Flaky(Tracker):
+        def __init__(self):
+            self.down, self.got, self.ended = False, [], None
+
+        def log(self, step, scalars):
+            if self.down:
+                raise ConnectionError("connection refused\nsecond line")
+            self.got.append(step)
+
+        def finish(self, status):
+            self.ended = status
+
+    flaky = Flaky()
+    trackers = Trackers({"flaky": flaky})
+    with caplog.at_level("INFO", logger="train.trackers.delivery"):
+        trackers.log_window(1, {"train/loss": 2.0})
+        wait_for(lambda: flaky.got == [1], 10, "the first window")
+        flaky.down = True
+        trackers.log_window(2, {"train/loss": 1.9})
+        trackers.log_window(3, {"train/loss": 1.8})
+        wait_for(lambda: "connection refused" in caplog.text, 10, "the warning")
+        time.sleep(0.2)
+        flaky.down = False
+        for step in (4, 5):
+            trackers.log_window(step, {"train/loss": 1.7})
+        trackers.finish(FINISHED)
+    assert flaky.got == [1, 4, 5] and flaky.ended == FINISHED
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["logger.flaky: ConnectionError: connection refused (its figures are dropped until it answers "
+                        "again; the run goes on)"]
+    assert "logger.flaky answers again" in caplog.text
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from typing import IO, Protocol
 
 import torch
 
-from train.config import ConfigError
+from train.config import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def write_failure(path: Path, size: int, err: BaseException) -> CheckpointWriteE
     elif code == errno.ENOSPC or (free is not None and free < size):
         why = "no space left"
     else:
-        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        why = first_line(err)
     left = f"{free / MIB:.0f} MiB free" if free is not None else "free space unknown"
     return CheckpointWriteError(f"cannot write checkpoint {path}: {why} (it needs about {size / MIB:.0f} MiB, {left}); "
                                 "the previous checkpoints are intact: make room (or point hydra.run.dir elsewhere) "
@@ -214,7 +214,7 @@ def unreadable_reason(err: BaseException) -> str:
     text = str(err).strip()
     if "central directory" in text or "zip archive" in text or "unexpected pos" in text:
         return "truncated or not a complete file"
-    return text.splitlines()[0] if text else type(err).__name__
+    return first_line(err)
 
 
 def load(path: Path, device: torch.device) -> dict:

@@ -46,6 +46,12 @@ class ConfigError(ValueError):
     """A bad setting: the message names the key and the fix."""
 
 
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """An error's first line (its type's name when it has no text): how a one-line message quotes its cause."""
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else type(err).__name__
+
+
 @dataclass
 class DataConfig:
     """Where the dataset lives, the image sizes, and every DataLoader knob under DataLoader's own name."""

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import fsspec
 
-from train.config import ConfigError
+from train.config import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +129,11 @@ class ShardStore:
                 raise ShardError(f"shard {url} does not exist ({type(err).__name__})", url) from err
             except PermissionError as err:  # refused (403: an expired or revoked credential): trying again won't do
                 partial.unlink(missing_ok=True)
-                raise ShardError(f"shard {url}: access refused ({_first_line(err)})", url) from err
+                raise ShardError(f"shard {url}: access refused ({first_line(err)})", url) from err
             except Exception as err:  # network, server: retried, then named
                 partial.unlink(missing_ok=True)
                 if attempt == RETRIES:
-                    why = f"{type(err).__name__}: {_first_line(err)}"
+                    why = f"{type(err).__name__}: {first_line(err)}"
                     self._down = (time.monotonic() + COOL_DOWN_S, f"({why})")
                     raise ShardError(f"cannot download shard {url} after {RETRIES} tries: {why}", url) from err
                 log.warning("shard %s: %s; trying again", url, type(err).__name__)
@@ -169,11 +169,6 @@ class ShardStore:
                 break
             total -= old.stat().st_size
             old.unlink(missing_ok=True)  # a reader that has it open keeps reading its pages
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 class ShardError(ConfigError, OSError):

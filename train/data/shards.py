@@ -29,7 +29,7 @@ import fsspec
 import numpy as np
 import torch
 
-from train.config import ConfigError
+from train.config import ConfigError, first_line
 from train.data.decode import decode_image_file
 from train.data.shard_store import ShardError, ShardStore, is_remote
 
@@ -53,8 +53,7 @@ def list_shards(root: str, split: str) -> Listing:
     except ConfigError:
         raise
     except Exception as err:
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        raise ShardError(f"data.root={root}: cannot list its shards: {type(err).__name__}: {first}") from err
+        raise ShardError(f"data.root={root}: cannot list its shards: {type(err).__name__}: {first_line(err)}") from err
 
 
 def _list_shards(root: str, split: str) -> Listing:

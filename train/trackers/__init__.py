@@ -2,14 +2,15 @@
 a `_target_` of your own that subclasses `Tracker`).
 
 Rank 0 alone logs. Each tracker gets the composed config once (flattened to dotted keys), every window of step
-figures and every epoch record (train/monitoring.py calls them). The trackers' run ids are a part of every
-checkpoint, so a resumed run (trainer.resume=auto, a torchrun restart, a Slurm requeue) continues the *same* tracker
-run. A tracker whose library is not installed fails at start in one line naming the extra that installs it.
+figures and every epoch record (train/monitoring.py calls them), on a thread of their own (delivery.py): a slow or
+dead tracking server costs figures in that tracker, never a training step or the run. The trackers' run ids are a
+part of every checkpoint, so a resumed run (trainer.resume=auto, a torchrun restart, a Slurm requeue) continues the
+*same* tracker run. A tracker whose library is not installed fails at start in one line naming the extra that
+installs it.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,7 @@ from omegaconf import OmegaConf
 
 from train.config import ConfigError
 from train.metrics import EPOCH
-
-log = logging.getLogger(__name__)
+from train.trackers.delivery import Delivery
 
 FINISHED, STOPPED, FAILED = "finished", "stopped", "failed"  # how a run ended (stopped: by a signal, resumable)
 
@@ -75,7 +75,7 @@ class Trackers:
     def __init__(self, trackers: dict[str, Tracker] | None = None, params: dict[str, str] | None = None):
         self.trackers, self.params = trackers or {}, params or {}
         self.run_ids: dict[str, str] = {}
-        self._started = False
+        self._delivery: Delivery | None = None  # started with the trackers' runs
 
     @classmethod
     def from_config(cls, cfg: Any, run_dir: Path, is_main: bool) -> Trackers:
@@ -100,30 +100,31 @@ class Trackers:
     def load_state_dict(self, state: dict) -> None:
         self.run_ids = dict(state)  # a resume loads them before the first log starts the trackers
 
-    def _start(self, step: int) -> None:
-        if self._started:
-            return
-        self._started = True
-        for name, tracker in self.trackers.items():
-            run_id = tracker.start(self.run_ids.get(name), self.params, step)
-            if run_id is not None:
-                self.run_ids[name] = run_id
+    def _start(self, step: int) -> Delivery:
+        """The trackers' runs opened (here, so their ids are known to the next checkpoint), and their thread."""
+        if self._delivery is None:
+            for name, tracker in self.trackers.items():
+                run_id = tracker.start(self.run_ids.get(name), self.params, step)
+                if run_id is not None:
+                    self.run_ids[name] = run_id
+            self._delivery = Delivery()
+        return self._delivery
 
     def log_window(self, step: int, scalars: dict[str, float]) -> None:
-        self._start(step)
-        for tracker in self.trackers.values():
-            tracker.log_window(step, scalars)
+        delivery = self._start(step)
+        for name, tracker in self.trackers.items():
+            delivery.call(name, tracker.log_window, step, dict(scalars))
 
     def log_epoch(self, step: int, record: dict[str, Any]) -> None:
-        self._start(step)
-        for tracker in self.trackers.values():
-            tracker.log_epoch(step, record)
+        delivery = self._start(step)
+        for name, tracker in self.trackers.items():
+            delivery.call(name, tracker.log_epoch, step, dict(record))
 
     def finish(self, status: str) -> None:
-        if not self._started:
+        """Each tracker's run closed after its queued figures; a tracker that cannot is warned about and the run
+        ends as it would have."""
+        if self._delivery is None:
             return
         for name, tracker in self.trackers.items():
-            try:
-                tracker.finish(status)
-            except Exception as err:  # a tracker that cannot say goodbye must not hide how the run ended
-                log.warning("logger.%s: could not close its run (%s)", name, err)
+            self._delivery.call(name, tracker.finish, status)
+        self._delivery.close()
