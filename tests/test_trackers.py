@@ -204,6 +204,31 @@ def test_a_tracker_that_fails_is_warned_about_once_and_used_again_when_it_answer
     assert "logger.flaky answers again" in caplog.text
 
 
+def test_an_mlflow_server_not_there_fails_at_start_in_one_line_without_its_credentials(tiny_dataset, tmp_path):
+    """Nothing listens at MLFLOW_TRACKING_URI: one line before any worker (not minutes of MLflow's retries and then
+    a traceback mid-epoch), its password masked."""
+    uri = f"http://alice:s3cret@127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    result = run_cli(args(tiny_dataset, tmp_path / "run", "logger=[mlflow]"), cwd=tmp_path,
+                     env={"MLFLOW_TRACKING_URI": uri}, timeout=300)
+    assert result.returncode == 2 and time.monotonic() - started < 120, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: logger.mlflow.tracking_uri=http://***@127.0.0.1:") and "MLFLOW_TRACKING_URI" in line
+    assert "s3cret" not in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_the_trackers_copy_of_the_config_masks_a_urls_credentials():
+    from omegaconf import OmegaConf
+
+    from train.trackers import flat_params
+
+    cfg = OmegaConf.create({"logger": {"mlflow": {"tracking_uri": "https://alice:s3cret@mlflow.example:5000"}},
+                            "data": {"root": "s3://bucket/shards"}})
+    assert flat_params(cfg) == {"logger.mlflow.tracking_uri": "https://***@mlflow.example:5000",
+                                "data.root": "s3://bucket/shards"}
+
+
 @pytest.mark.slow
 def test_wandb_offline_run_is_continued_by_a_resume(tiny_dataset, tmp_path):
     run_dir = tmp_path / "run"

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from train.config import ConfigError
+from train.config import ConfigError, without_credentials
 from train.metrics import EPOCH
 from train.trackers.delivery import Delivery
 
@@ -54,7 +54,8 @@ class Tracker:
 
 
 def flat_params(cfg: Any) -> dict[str, str]:
-    """A composed config as `section.key` -> value text: every tracker's run parameters."""
+    """A composed config as `section.key` -> value text: every tracker's run parameters (a URL's credentials
+    masked)."""
     flat: dict[str, str] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -62,7 +63,7 @@ def flat_params(cfg: Any) -> dict[str, str]:
             for key, value in node.items():
                 walk(value, f"{prefix}.{key}" if prefix else str(key))
         else:
-            flat[prefix] = str(node)
+            flat[prefix] = without_credentials(str(node))
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
     return flat

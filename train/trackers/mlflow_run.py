@@ -1,17 +1,25 @@
 """logger=mlflow: an MLflow run (`pip install 'loadout[mlflow]'`) on the tracking server at `tracking_uri`
-(default: $MLFLOW_TRACKING_URI, else MLflow's own default store)."""
+(default: $MLFLOW_TRACKING_URI, else MLflow's own default store).
+
+An http(s) server that takes no connection fails at start, before any worker, in one line: MLflow's client would
+retry the run's first request for minutes and then end the run with a traceback."""
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from train.build import require_extra
+from train.config import ConfigError, first_line, without_credentials
 from train.trackers import FAILED, FINISHED, Tracker
 
 STATUS = {FINISHED: "FINISHED", FAILED: "FAILED"}  # stopped by a signal: KILLED until a resume reopens it
 BATCH = 100  # MLflow takes at most 100 params and 1000 metrics a request
 MAX_PARAM = 6000  # characters of a param's value MLflow keeps
+CONNECT_S = 10.0  # a tracking server that takes no connection in this long is not there
 
 
 class MLflowTracker(Tracker):
@@ -24,6 +32,8 @@ class MLflowTracker(Tracker):
         self.run_dir, self.tracking_uri, self.experiment = Path(run_dir), tracking_uri, experiment
         self.run_name = run_name or str(self.run_dir)
         self.client = self.run_id = None
+        if tracking_uri:
+            check_reachable(tracking_uri)
 
     def start(self, run_id: str | None, params: dict[str, str], step: int) -> str:
         from mlflow.entities import Param
@@ -53,3 +63,20 @@ class MLflowTracker(Tracker):
 
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=STATUS.get(status, "KILLED"))
+
+
+def check_reachable(uri: str) -> None:
+    """A ConfigError when the http(s) server at `uri` takes no TCP connection (not behind a proxy, which may reach
+    what this machine cannot); credentials in `uri` are masked in the message."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname):
+        return
+    try:
+        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)),
+                                 timeout=CONNECT_S).close()
+    except OSError as err:
+        raise ConfigError(f"logger.mlflow.tracking_uri={without_credentials(uri)}: no server takes a connection there "
+                          f"({type(err).__name__}: {first_line(err)}); start it, point MLFLOW_TRACKING_URI at it, or "
+                          "leave mlflow out of logger=[...]") from err
