@@ -337,6 +337,37 @@ def test_shards_that_404_mid_run_are_skipped_and_counted(shards, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_password_in_an_http_root_reaches_no_log_message_or_run_file(shards, small_run_args, tmp_path):
+    """data.root from an environment variable holding http://user:password@host (nginx takes the basic auth header
+    and serves): the log line naming the root, the trackers' config and a one-line error show it as http://***@."""
+    import json
+
+    served = tmp_path / "served"
+    shutil.copytree(shards, served)
+    info = json.loads((served / "_info.json").read_text())
+    for split in info["splits"].values():
+        split.pop("shard_lengths")  # so the run indexes every shard at start, saying so with data.root in the line
+    (served / "_info.json").write_text(json.dumps(info))
+    (tmp_path / "nginx").mkdir()
+    with nginx_serving(served, tmp_path / "nginx") as url:
+        env = {"SHARDS_URL": url.replace("http://", "http://alice:s3cret@")}
+        run = [*small_run_args, "dataset=shards", "data.root=${oc.env:SHARDS_URL}", "trainer.max_steps=2",
+               "trainer.epochs=1", "logger=[tensorboard,csv]", f"data.shard_cache_dir={tmp_path / 'cache'}"]
+        trained = run_cli(run, cwd=tmp_path, env=env)
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        assert "data.root=http://***@127.0.0.1:" in trained.stdout + trained.stderr
+        (served / "train" / "shard-000001.tar").unlink()
+        failed = run_cli([*run, f"hydra.run.dir={tmp_path / 'second'}", f"data.shard_cache_dir={tmp_path / 'fresh'}"],
+                         cwd=tmp_path, env=env)
+    assert failed.returncode == 2
+    assert "error: shard http://***@127.0.0.1:" in failed.stderr, failed.stderr[-3000:]
+    for result in (trained, failed):
+        assert "s3cret" not in result.stdout + result.stderr
+    for path in [*(tmp_path / "run").rglob("*"), *(tmp_path / "second").rglob("*")]:
+        assert not path.is_file() or b"s3cret" not in path.read_bytes(), path
+
+
+@pytest.mark.slow
 def test_two_ranks_over_uneven_shards_step_alike_and_resume_at_another_worker_count(shards, tmp_path):
     """torchrun, 2 gloo ranks, 240 samples in shards of uneven length and a batch that does not divide them: both
     ranks take the same number of steps (no rank left waiting in an all-reduce), together they see every sample,

@@ -24,12 +24,13 @@ from omegaconf import DictConfig, OmegaConf
 from train import no_retry
 from train.checkpoint import CheckpointWriteError
 from train.config import ConfigError, drop_worker_knobs, register, validate
+from train.credentials import mask_credentials_in_logs, without_credentials
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
 from train.micro_batch import OutOfMemory
 from train.nonfinite import Diverged
 from train.overrides import check_command_line
-from train.peers import Heartbeat, LostPeer, first_line, is_collective_failure
+from train.peers import Heartbeat, LostPeer, collective_error, is_collective_failure
 from train.stop import (
     CHECKPOINT_WRITE_EXIT,
     CONFIG_EXIT,
@@ -111,9 +112,9 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
         if heartbeat is None or not is_collective_failure(err):
             raise
         where = f" at epoch {trainer.progress.epoch + 1}, batch {trainer.progress.batch_in_epoch}" if trainer else ""
-        raise LostPeer(f"a collective failed{where}: lost {heartbeat.lost()} ({first_line(err)}); torchrun restarts "
-                       "the group from the last checkpoint while --max-restarts allows, else start it again with "
-                       "trainer.resume=auto") from err
+        raise LostPeer(f"a collective failed{where}: lost {heartbeat.lost()} ({collective_error(err)}); torchrun "
+                       "restarts the group from the last checkpoint while --max-restarts allows, else start it again "
+                       "with trainer.resume=auto") from err
     finally:
         if heartbeat is not None:
             heartbeat.stop()
@@ -124,6 +125,7 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    mask_credentials_in_logs()
     try:
         with StopSignal() as stop:
             OmegaConf.resolve(cfg)
@@ -153,9 +155,9 @@ def main(cfg: DictConfig) -> None:
 
 
 def fail(err, status: int) -> None:
-    """One line in the log and on stderr, then exit with `status`."""
+    """One line in the log and on stderr (a URL's credentials masked), then exit with `status`."""
     log.error("%s", err)
-    print(f"error: {err}", file=sys.stderr)
+    print(f"error: {without_credentials(str(err))}", file=sys.stderr)
     sys.exit(status)
 
 

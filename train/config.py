@@ -7,7 +7,6 @@ wrong together (e.g. prefetch_factor with num_workers=0) before any DataLoader w
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,12 +44,6 @@ SWAPPABLE_GROUPS = ("dataset", "model", "optimizer", "scheduler", "augment")  # 
 
 class ConfigError(ValueError):
     """A bad setting: the message names the key and the fix."""
-
-
-def without_credentials(text: str) -> str:
-    """`scheme://user:password@host/...` as `scheme://***@host/...`: a URL's credentials never reach a log, a message or
-    a tracker's copy of the config."""
-    return re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@", r"\1***@", text)
 
 
 def first_line(err: BaseException, limit: int = 300) -> str:

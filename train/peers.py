@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import torch.distributed as torch_dist
 
+from train.config import first_line
 from train.dist import DistEnv
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,6 @@ def is_collective_failure(err: BaseException) -> bool:
     return isinstance(err, torch_dist.DistError) or any(text in str(err) for text in GLOO_FAILURES)
 
 
-def first_line(err: BaseException) -> str:
+def collective_error(err: BaseException) -> str:
     """The error's first line without the C++ source location gloo and c10d put in front."""
-    lines = str(err).strip().splitlines() or [type(err).__name__]
-    return re.sub(r"^\[[^\]]*\]\s*", "", lines[0])
+    return re.sub(r"^\[[^\]]*\]\s*", "", first_line(err))

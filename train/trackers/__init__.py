@@ -17,7 +17,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from train.config import ConfigError, without_credentials
+from train.config import ConfigError
+from train.credentials import without_credentials
 from train.metrics import EPOCH
 from train.trackers.delivery import Delivery
 

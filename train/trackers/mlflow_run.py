@@ -13,7 +13,8 @@ import urllib.request
 from pathlib import Path
 
 from train.build import require_extra
-from train.config import ConfigError, first_line, without_credentials
+from train.config import ConfigError, first_line
+from train.credentials import without_credentials
 from train.trackers import FAILED, FINISHED, Tracker
 
 STATUS = {FINISHED: "FINISHED", FAILED: "FAILED"}  # stopped by a signal: KILLED until a resume reopens it
