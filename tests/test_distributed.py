@@ -6,6 +6,7 @@ The torchrun tests share one uninterrupted reference run and compare a run whose
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,10 +52,28 @@ def torchrun_command(args: list[str], *, max_restarts: int = 0, nproc: int = 2,
 
 def torchrun(args: list[str], cwd: Path, *, max_restarts: int = 0, env: dict | None = None, nproc: int = 2,
              entry: tuple[str, ...] = ("-m", "train"), timeout: float = 400) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node=2 -m train ARGS`, for real."""
+    """`torchrun --standalone --nproc_per_node=2 -m train ARGS`, for real. A job still running after `timeout` is a
+    failure that shows every thread's stack of the agent's children (SIGUSR2: the trainer's faulthandler)."""
+    import psutil
+
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(torchrun_command(args, max_restarts=max_restarts, nproc=nproc, entry=entry), cwd=cwd,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen(torchrun_command(args, max_restarts=max_restarts, nproc=nproc, entry=entry), cwd=cwd,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        children = psutil.Process(proc.pid).children(recursive=True)
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(signal.SIGUSR2)
+        time.sleep(3)
+        for process in [*children, psutil.Process(proc.pid)]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"torchrun still running after {timeout:.0f} s; its output:\n{out[-3000:]}\n"
+                             f"its stderr, with every thread's stack:\n{err[-30000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def only_run_dir(cwd: Path) -> Path:

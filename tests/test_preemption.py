@@ -82,6 +82,29 @@ def test_signal_stops_at_a_step_saves_the_position_and_resume_trains_exactly_the
 
 
 @pytest.mark.slow
+def test_sigusr2_prints_every_threads_stack_and_the_run_goes_on_undisturbed(tiny_dataset, reference, tmp_path):
+    """`kill -USR2` to the trainer and to one of its DataLoader workers mid-epoch (a run that seems stuck): each
+    prints its threads' stacks on stderr, and the run finishes with the uninterrupted run's weights."""
+    import psutil
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "train", *args(tiny_dataset, run_dir)], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: training_at(run_dir) >= (1, 2), 300, "epoch 2 to be under way")
+    workers = psutil.Process(proc.pid).children()
+    assert workers, "the DataLoader's workers"
+    proc.send_signal(signal.SIGUSR2)
+    workers[0].send_signal(signal.SIGUSR2)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert err.count("most recent call first") >= 2, err[-3000:]  # the trainer's threads, then the worker's
+    assert "train/__main__.py" in err and "in _worker_loop" in err, err[-3000:]
+    assert [r["epoch"] for r in read_metrics(run_dir)] == [1, 2]
+    assert_same_weights(run_dir, reference)
+
+
+@pytest.mark.slow
 def test_a_finished_run_extended_with_more_epochs_continues_on_a_replanned_schedule(tiny_dataset, reference,
                                                                                      tmp_path):
     run_dir = tmp_path / "run"

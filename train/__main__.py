@@ -10,8 +10,10 @@ checkpoint to resume.
 from __future__ import annotations
 
 import copy
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -126,6 +128,8 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     mask_credentials_in_logs()
+    # `kill -USR2 <pid>`: every thread's stack on stderr, for a run that seems stuck (workers inherit it)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     try:
         with StopSignal() as stop:
             OmegaConf.resolve(cfg)
