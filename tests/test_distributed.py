@@ -63,10 +63,10 @@ def torchrun(args: list[str], cwd: Path, *, max_restarts: int = 0, env: dict | N
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         children = psutil.Process(proc.pid).children(recursive=True)
-        for child in children:
+        for child in children:  # one at a time: processes dumping into one pipe at once interleave their lines
             with contextlib.suppress(psutil.Error):
                 child.send_signal(signal.SIGUSR2)
-        time.sleep(3)
+            time.sleep(0.5)
         for process in [*children, psutil.Process(proc.pid)]:
             with contextlib.suppress(psutil.Error):
                 process.kill()
