@@ -339,7 +339,8 @@ def test_shards_that_404_mid_run_are_skipped_and_counted(shards, tmp_path):
 @pytest.mark.slow
 def test_a_password_in_an_http_root_reaches_no_log_message_or_run_file(shards, small_run_args, tmp_path):
     """data.root from an environment variable holding http://user:password@host (nginx takes the basic auth header
-    and serves): the log line naming the root, the trackers' config and a one-line error show it as http://***@."""
+    and serves), then typed on the command line: the log line naming the root, the trackers' config, Hydra's record of
+    the run and a one-line error show it as http://***@."""
     import json
 
     served = tmp_path / "served"
@@ -357,8 +358,9 @@ def test_a_password_in_an_http_root_reaches_no_log_message_or_run_file(shards, s
         assert trained.returncode == 0, trained.stderr[-3000:]
         assert "data.root=http://***@127.0.0.1:" in trained.stdout + trained.stderr
         (served / "train" / "shard-000001.tar").unlink()
-        failed = run_cli([*run, f"hydra.run.dir={tmp_path / 'second'}", f"data.shard_cache_dir={tmp_path / 'fresh'}"],
-                         cwd=tmp_path, env=env)
+        typed = [f"data.root={env['SHARDS_URL']}" if arg.startswith("data.root=") else arg for arg in run]
+        failed = run_cli([*typed, f"hydra.run.dir={tmp_path / 'second'}", f"data.shard_cache_dir={tmp_path / 'fresh'}"],
+                         cwd=tmp_path, env=env)  # the URL typed on the command line this time
     assert failed.returncode == 2
     assert "error: shard http://***@127.0.0.1:" in failed.stderr, failed.stderr[-3000:]
     for result in (trained, failed):

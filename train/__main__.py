@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from train import no_retry
 from train.checkpoint import CheckpointWriteError
 from train.config import ConfigError, drop_worker_knobs, register, validate
-from train.credentials import mask_credentials_in_logs, without_credentials
+from train.credentials import mask_credentials_in_files, mask_credentials_in_logs, without_credentials
 from train.data.loader import LoaderError
 from train.dist import DistEnv, hydra_rank_overrides
 from train.micro_batch import OutOfMemory
@@ -128,6 +128,8 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     mask_credentials_in_logs()
+    if HydraConfig.get().output_subdir:  # null on ranks > 0
+        mask_credentials_in_files(run_dir / HydraConfig.get().output_subdir)
     # `kill -USR2 <pid>`: every thread's stack on stderr, for a run that seems stuck (workers inherit it)
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     try:
