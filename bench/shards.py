@@ -99,6 +99,12 @@ def serve(shards: Path):
     return processes, keys, endpoints
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU time of this process (the loader's main process: fetch-ahead threads, batches in)."""
+    times = os.times()
+    return times.user + times.system
+
+
 def cpu_seconds(processes) -> float:
     """User + system CPU time the processes have used so far."""
     total = 0.0
@@ -124,6 +130,7 @@ if __name__ == "__main__":
         os.environ.update(keys)
         caches = iter(range(100))
         stand_ins: list[float] = []  # the server's and the proxies' share of the machine in each cold epoch
+        client_s: dict[str, list[float]] = {"s3": [], "local": []}  # the main process's CPU s per cold epoch
 
         def from_s3(delay: int, cache: Path, *overrides: str) -> float:
             os.environ["AWS_ENDPOINT_URL"] = endpoints[delay]
@@ -133,18 +140,26 @@ if __name__ == "__main__":
                 os.sched_getaffinity(0)))
             return rate
 
+        def from_disk() -> float:
+            own = own_cpu_seconds()
+            rate = first_epoch(many, tmp / f"local{next(caches)}")
+            client_s["local"].append(own_cpu_seconds() - own)
+            return rate
+
         try:
             rounds = {"far": [], "near": [], "local": []}
             for _ in range(3):  # cold 30 ms away, cold 0 ms away, local: interleaved
+                own = own_cpu_seconds()
                 rounds["far"].append(from_s3(30, tmp / f"cold{next(caches)}"))
+                client_s["s3"].append(own_cpu_seconds() - own)
                 rounds["near"].append(from_s3(0, tmp / f"cold{next(caches)}"))
-                rounds["local"].append(first_epoch(many, tmp / f"local{next(caches)}"))
+                rounds["local"].append(from_disk())
             share = max(stand_ins)
+            client_ms = {where: min(seconds) * 1000 for where, seconds in client_s.items()}
             cold_rate, near_rate, local_rate = (max(rates) for rates in rounds.values())
             unhidden = from_s3(30, tmp / "unhidden", "data.prefetch_shards=0")
             from_s3(30, tmp / "warm")  # fills the warm cache
-            warm_rate, local_again = interleaved(lambda: from_s3(30, tmp / "warm"),
-                                                 lambda: first_epoch(many, tmp / f"local{next(caches)}"), rounds=3)
+            warm_rate, local_again = interleaved(lambda: from_s3(30, tmp / "warm"), from_disk, rounds=3)
         finally:
             for process in processes:
                 process.send_signal(signal.SIGKILL)
@@ -155,6 +170,8 @@ if __name__ == "__main__":
                cold_rate / local_rate >= 0.9, f"{cold_rate:.0f} vs {local_rate:.0f} img/s, first epoch of "
                f"{images} images in {len(tars)} shards of {mib:.1f} MiB; the server and proxy on this machine took "
                f"up to {share:.0%} of its CPU")
+        print(f"  the loader's main process, CPU per shard in a cold epoch: {client_ms['s3'] / len(tars):.1f} ms from "
+              f"S3 (download, cache file, index) vs {client_ms['local'] / len(tars):.1f} ms from the local disk")
         print(f"  cold 30 ms away / cold 0 ms away (the latency's own cost): {cold_rate / near_rate:.2f} "
               f"({near_rate:.0f} img/s 0 ms away)")
         print(f"  without fetching ahead (data.prefetch_shards=0), cold 30 ms away / local: "
