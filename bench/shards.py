@@ -99,10 +99,14 @@ def serve(shards: Path):
     return processes, keys, endpoints
 
 
-def own_cpu_seconds() -> float:
-    """User + system CPU time of this process (the loader's main process: fetch-ahead threads, batches in)."""
-    times = os.times()
-    return times.user + times.system
+def own_cpu(into: list[float], epoch):
+    """`epoch()`, adding to `into` the CPU seconds this process (the loader's main process: fetch-ahead threads,
+    batches in) spent on it."""
+    before = os.times()
+    value = epoch()
+    after = os.times()
+    into.append(after.user + after.system - before.user - before.system)
+    return value
 
 
 def cpu_seconds(processes) -> float:
@@ -141,19 +145,14 @@ if __name__ == "__main__":
             return rate
 
         def from_disk() -> float:
-            own = own_cpu_seconds()
-            rate = first_epoch(many, tmp / f"local{next(caches)}")
-            client_s["local"].append(own_cpu_seconds() - own)
-            return rate
+            return first_epoch(many, tmp / f"local{next(caches)}")
 
         try:
             rounds = {"far": [], "near": [], "local": []}
             for _ in range(3):  # cold 30 ms away, cold 0 ms away, local: interleaved
-                own = own_cpu_seconds()
-                rounds["far"].append(from_s3(30, tmp / f"cold{next(caches)}"))
-                client_s["s3"].append(own_cpu_seconds() - own)
+                rounds["far"].append(own_cpu(client_s["s3"], lambda: from_s3(30, tmp / f"cold{next(caches)}")))
                 rounds["near"].append(from_s3(0, tmp / f"cold{next(caches)}"))
-                rounds["local"].append(from_disk())
+                rounds["local"].append(own_cpu(client_s["local"], from_disk))
             share = max(stand_ins)
             client_ms = {where: min(seconds) * 1000 for where, seconds in client_s.items()}
             cold_rate, near_rate, local_rate = (max(rates) for rates in rounds.values())
