@@ -12,10 +12,12 @@ NPROC ?= 2
 MIN_PYTHON := 3.11
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock dataset train test test-fast lint test-container torchrun slurm gpu-check bench soak tune tensorboard clean
+.PHONY: help setup lock dataset train test test-fast lint test-container torchrun slurm gpu-check gpu-wheels bench soak tune tensorboard clean
 
 help: ## List the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
+	@if [ -t 1 ]; then on='\033[36m'; off='\033[0m'; fi; \
+	grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
+	  | awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "}; {printf "  %s%-15s%s %s\n", on, $$1, off, $$2}'
 
 $(VENV)/.installed: pyproject.toml requirements.txt constraints.txt
 	@v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
@@ -55,8 +57,11 @@ test-fast: setup ## Run the tests not marked slow
 lint: setup ## ruff on the Python sources
 	$(PY) -m ruff check train scripts tests bench examples
 
-gpu-check: setup ## On a GPU box: CUDA tests, each GPU profile, nccl, compile, prefetch bench (torch preinstalled, offline: python3 scripts/gpu_check.py)
-	$(PY) scripts/gpu_check.py
+gpu-check: setup ## On a GPU box: CUDA tests, GPU profiles, one-rank DDP, resume, fp16, compile, decode=device (ARGS="--only a100"; offline: docs/gpu.md)
+	$(PY) scripts/gpu_check.py $(ARGS)
+
+gpu-wheels: setup ## Wheels an offline GPU box with torch preinstalled lacks for gpu_check, in .gpu-wheels/ (docs/gpu.md)
+	$(PY) scripts/gpu_wheels.py
 
 slurm: ## Start a one-node Slurm here (root; installs slurm-wlm + munge) to try scripts/slurm/train.sbatch
 	bash tests/infra/slurm_local_cluster.sh start

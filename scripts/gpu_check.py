@@ -1,59 +1,82 @@
 #!/usr/bin/env python3
-"""Is this GPU box set up right, and does the loader keep up? `make gpu-check`, or on a box whose torch is already
-installed (an NGC container, a cluster module, no network): `python3 scripts/gpu_check.py` from the checkout, with
-that interpreter.
+"""Is this GPU box set up right, do loadout's GPU paths run, and does the loader keep up? `make gpu-check`, or on a
+box whose torch came preinstalled (an NGC container, a cluster module, a lent machine with no network):
+`python3 scripts/gpu_check.py` from the checkout, with that interpreter (docs/gpu.md).
 
-In order, each part with a time limit and each failure named in the summary:
-1. the packages loadout needs import (one line naming any missing), torch >= 2.6 and torchvision >= 0.21;
-2. CUDA is usable (else one line with the likely cause: no driver, a driver older than torch's CUDA build, ...);
-3. the CUDA tests (`pytest -m cuda`);
-4. each GPU profile (rtx3060, rtx4080, a100, a100 + torch.compile, a100 + data.decode=device) trains several
-   epochs on one GPU: the first epoch (worker start-up, cuDNN autotuning, compilation) is reported as warm-up, the
-   rest as the figures;
-5. NCCL: two processes under torchrun when there are two GPUs; with one, a one-process group forced through
-   init_process_group("nccl") that all-reduces and trains a DDP step;
-6. bench/gpu_prefetch.py.
-Writes outputs/gpu-check/report.json (and report.png with matplotlib); exits 1 when any part failed.
+First the environment, each problem in one line: the wheels of .gpu-wheels/ (`make gpu-wheels`) installed with no
+index where loadout's packages are missing; every required module imported for real (a shared library missing is
+named); torch >= 2.6 and torchvision >= 0.21; torchcodec loadable for the decode part; CUDA usable.
+Then the parts (`--list`; choose with `--only` / `--skip`), each fitting one 10-minute command. Without CUDA the CUDA
+parts are skipped, one line each. Each training part trains in a fresh run dir; the first epoch (worker start-up,
+cuDNN autotuning, compilation) is the warm-up, the figures are the median of the others.
+`report.json` is rewritten after every part (and written, minimal, when the environment stops the check), with
+`report.png` at the end where matplotlib imports. Exit status: 0 no part failed, 1 a part failed, 2 the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # loadout importable from the checkout, whatever the interpreter
-OUT = ROOT / "outputs" / "gpu-check"
-DATA = os.environ.get("DATA", str(ROOT / "data" / "synthetic"))
-SEED_DATA = ROOT / "data" / "synthetic-320"  # bench/gpu_prefetch.py's set
-EPOCHS = 4  # the first is warm-up; the figures are the median of the rest
 MIN_TORCH, MIN_TORCHVISION = (2, 6), (0, 21)  # the tested range (requirements.txt)
-RUNS = {
-    "rtx3060": ["hardware=rtx3060"],
-    "rtx4080": ["hardware=rtx4080"],
-    "a100": ["hardware=a100"],
-    "a100 + compile": ["hardware=a100", "trainer.compile=true"],
-    "a100 + decode on the GPU": ["hardware=a100", "data.decode=device"],
-}
-TIMEOUTS = {"dataset": 900, "cuda tests": 900, "run": 900, "nccl": 600, "gpu_prefetch": 900}
-# import name -> the package to install
+MIN_TORCH_DECODE = (2, 11)  # torchcodec's stable-ABI builds (data.decode=device)
+PART_S = 540  # each part's limit, all its commands together: one part fits one 10-minute command
+EPOCHS = 4  # the profile rows: the first is warm-up, the figures are the median of the rest
+PATH_EPOCHS = 2  # the rows that check a path (DDP, resume, fp16, MixUp, deterministic): warm-up + one
+# The profile rows' set: 320 px JPEGs (ImageNet's size class: decode costs what it costs there), cropped to 224,
+# enough of them for >= 50 measured a100 steps (23 a 128-image epoch, 3 epochs measured) and for each of 12 workers
+# to make several batches an epoch. bench/gpu_prefetch.py's own set (SEED_DATA) is made beside it.
+PROFILE_SET = ("gpu-check-320", ("--size", "320", "--train-per-class", "300", "--val-per-class", "10"))
+SEED_SET = ("synthetic-320", ("--size", "320", "--train-per-class", "60", "--val-per-class", "5"))
+# import name -> distribution: what this script, `python -m train` and `pytest -m cuda tests` import
 REQUIRED = {"torch": "torch", "torchvision": "torchvision", "hydra": "hydra-core", "omegaconf": "omegaconf",
             "torchdata": "torchdata", "simplejpeg": "simplejpeg", "PIL": "pillow", "numpy": "numpy",
             "psutil": "psutil", "tqdm": "tqdm", "tensorboard": "tensorboard", "prometheus_client": "prometheus-client",
-            "pytest": "pytest"}
+            "pytest": "pytest", "yaml": "pyyaml", "fsspec": "fsspec", "pyarrow": "pyarrow"}
+DECODE = {"torchcodec": "torchcodec"}  # the decode part alone: without it that part is skipped
 OPTIONAL = {"pynvml": "nvidia-ml-py (GPU utilisation)", "matplotlib": "matplotlib (report.png)"}
 
 
-def missing_packages() -> list[str]:
-    return [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
+@dataclass
+class Check:
+    """Where this run writes, and what the environment allows."""
+
+    out: Path  # report.json, report.png
+    runs: Path  # one run dir per training row, emptied before it
+    data: Path  # the datasets' parent folder
+    cuda_problem: str | None = None  # why the CUDA parts are skipped
+    decode_problem: str | None = None  # why the decode part is skipped
+    gpus: int = 0
+    deadline: float = field(default_factory=lambda: time.monotonic() + PART_S)  # the running part's
+
+    def left(self) -> float:
+        return max(self.deadline - time.monotonic(), 1.0)
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    about: str
+    run: Callable[[Check], dict]
+    cuda: bool = True
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def version_tuple(version: str) -> tuple[int, int]:
@@ -61,18 +84,84 @@ def version_tuple(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def environment_problem() -> str | None:
-    """One line when this interpreter cannot run loadout: missing packages, or torch / torchvision too old."""
-    missing = missing_packages()
-    if missing:
-        return (f"missing packages for {sys.executable}: {' '.join(missing)}; install them (no network: `pip download "
-                f"{' '.join(missing)}` on a connected machine, then `pip install --no-index --find-links <dir> ...`)")
+def missing(modules: dict[str, str]) -> list[str]:
+    return [dist for module, dist in modules.items() if importlib.util.find_spec(module) is None]
+
+
+def install_wheels(folder: Path) -> str | None:
+    """Install, with no index, the missing packages that `folder` (make gpu-wheels) carries, when it carries every
+    missing required one. Returns one line saying what was installed, or why the install failed (then raises)."""
+    absent = missing(REQUIRED) + missing(DECODE)
+    carried = {canonical(wheel.name.split("-")[0]) for wheel in folder.glob("*.whl")}
+    if not absent or not carried or any(canonical(dist) not in carried for dist in missing(REQUIRED)):
+        return None
+    names = [dist for dist in absent if canonical(dist) in carried]
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
+                           str(folder), *names], capture_output=True, text=True)
+    if done.returncode:
+        raise EnvironmentProblem(f"pip install --no-index --find-links {folder} {' '.join(names)} failed: "
+                                 f"{pip_error(done)}")
+    importlib.invalidate_caches()
+    return f"installed from {folder} (no index): {' '.join(names)}"
+
+
+def pip_error(done: subprocess.CompletedProcess) -> str:
+    """pip's first ERROR line (the cause; its last one is a link), else its last line."""
+    lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+    return next((line for line in lines if line.startswith("ERROR: ")), lines[-1]).removeprefix("ERROR: ")
+
+
+class EnvironmentProblem(Exception):
+    """This interpreter cannot run loadout: one line naming what and the fix."""
+
+
+def load_problem(module: str, err: BaseException) -> str:
+    """One line for a module that is installed but does not import: the shared library it misses, if named."""
+    text = str(err)
+    library = re.search(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file", text)
+    cause = f"{library.group(1)} is missing" if library else (text.strip().splitlines() or [type(err).__name__])[0]
+    return f"{module} does not load ({cause[:300]})"
+
+
+def check_environment() -> None:
+    """Raise EnvironmentProblem when this interpreter cannot run loadout: packages missing or not loading (a shared
+    library missing), torch / torchvision too old."""
+    absent = missing(REQUIRED)
+    if absent:
+        raise EnvironmentProblem(
+            f"missing packages for {sys.executable}: {' '.join(absent)}; install them (no network: `make gpu-wheels` "
+            "on a connected machine, carry .gpu-wheels/ along, and this script installs them; torch and "
+            "torchvision must be there already)")
+    for module in REQUIRED:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # a missing shared library is an OSError (or ImportError) at import
+            raise EnvironmentProblem(f"{load_problem(module, err)}: install what it needs, or a build of "
+                                     f"{REQUIRED[module]} for this machine") from err
     import torch
     import torchvision
 
     if version_tuple(torch.__version__) < MIN_TORCH or version_tuple(torchvision.__version__) < MIN_TORCHVISION:
-        return (f"torch {torch.__version__} / torchvision {torchvision.__version__}: loadout needs torch >= "
-                f"{'.'.join(map(str, MIN_TORCH))} and torchvision >= {'.'.join(map(str, MIN_TORCHVISION))}")
+        raise EnvironmentProblem(f"torch {torch.__version__} / torchvision {torchvision.__version__}: loadout needs "
+                                 f"torch >= {'.'.join(map(str, MIN_TORCH))} and torchvision >= "
+                                 f"{'.'.join(map(str, MIN_TORCHVISION))}")
+
+
+def decode_problem() -> str | None:
+    """None when torchcodec's image decoders load (nvJPEG; libcudart/libnvrtc of torch's CUDA major); else why
+    data.decode=device cannot run, in one line. FFmpeg's libraries are not needed: torchcodec loads them only for
+    video and audio."""
+    import torch
+
+    if missing(DECODE):
+        return "torchcodec is not installed (make gpu-wheels carries it)"
+    if version_tuple(torch.__version__) < MIN_TORCH_DECODE:
+        return f"torchcodec needs torch >= {'.'.join(map(str, MIN_TORCH_DECODE))}; this is {torch.__version__}"
+    try:
+        importlib.import_module("torchcodec.decoders")
+    except Exception as err:  # OSError or RuntimeError from torch.ops.load_library, not an ImportError
+        return (f"{load_problem('torchcodec', err)}; it needs a torch built for CUDA 13 (its wheel's CUDA major), "
+                f"this one is CUDA {torch.version.cuda}")
     return None
 
 
@@ -81,86 +170,212 @@ def facts() -> dict:
 
     from train.device import describe, driver_version
 
-    return {"gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "driver": driver_version(),
-            "torch": torch.__version__, "torchvision": importlib.import_module("torchvision").__version__,
-            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "python": sys.version.split()[0],
-            "device": describe(torch.device("cuda", 0)),
+    cuda = torch.cuda.is_available()
+    shm = shutil.disk_usage("/dev/shm").total if Path("/dev/shm").is_dir() else None
+    codec = sys.modules.get("torchcodec")
+    return {"gpu": torch.cuda.get_device_name(0) if cuda else None, "gpus": torch.cuda.device_count() if cuda else 0,
+            "driver": driver_version(), "torch": torch.__version__,
+            "torchvision": importlib.import_module("torchvision").__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if cuda else None, "python": sys.version.split()[0],
+            "cpus": os.cpu_count(), "shm_gb": round(shm / 1e9, 1) if shm else None,
+            "torchcodec": getattr(codec, "__version__", None),
+            "ffmpeg": getattr(codec, "ffmpeg_major_version", None),
+            "device": describe(torch.device("cuda", 0)) if cuda else "cpu",
             "optional_missing": [name for module, name in OPTIONAL.items() if importlib.util.find_spec(module) is None]}
 
 
-def run(args: list[str], timeout: float, **kwargs) -> tuple[bool, str]:
+def run(args: list[str], timeout: float, env: dict | None = None) -> tuple[bool, str]:
     """A subprocess with loadout on PYTHONPATH: (succeeded, its last output line or why it failed)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     try:
-        done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, **kwargs)
+        done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout:.0f} s"
     lines = (done.stderr if done.returncode else done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
     return done.returncode == 0, lines[-1]
 
 
-def ensure_dataset(root: Path, *args: str) -> tuple[bool, str]:
-    if (root / ".complete").exists():
-        return True, f"{root} present"
-    return run([sys.executable, "scripts/make_dataset.py", "--out", str(root), *args], TIMEOUTS["dataset"])
+def ensure_dataset(check: Check, name: str, args: tuple[str, ...]) -> Path:
+    root = check.data / name
+    if not (root / ".complete").exists():
+        ok, line = run([sys.executable, "scripts/make_dataset.py", "--out", str(root), *args], check.left())
+        if not ok:
+            raise PartFailed(f"dataset {root}: {line}")
+    return root
 
 
-def run_dir_for(name: str) -> Path:
-    """A part's run dir: letters, digits and underscores only (a comma in hydra.run.dir reads as a sweep)."""
-    return OUT / re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
+class PartFailed(Exception):
+    """A part cannot go on: its row is a failure with this line."""
 
 
-def train(name: str, overrides: list[str], launcher: list[str], epochs: int = EPOCHS) -> dict:
-    """`epochs` epochs of one profile; the first is warm-up, the figures are the median of the others."""
-    run_dir = run_dir_for(name)
-    ok, line = run([*launcher, "-m", "train", *overrides, "dataset=imagefolder", f"data.root={DATA}",
-                    f"trainer.epochs={epochs}", "trainer.progress=false", f"hydra.run.dir={run_dir}"],
-                   TIMEOUTS["run"])
-    row = {"part": name, "ok": ok}
+def run_dir_for(check: Check, name: str) -> Path:
+    """A row's run dir: letters, digits and underscores only (a comma in hydra.run.dir reads as a sweep)."""
+    return check.runs / re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
+
+
+def train(check: Check, name: str, overrides: list[str], *, epochs: int = EPOCHS, launcher: list[str] | None = None,
+          root: Path | None = None, fresh: bool = True) -> dict:
+    """One `python -m train` run of `epochs` epochs on the profile set, in a run dir emptied first (`fresh`): no
+    earlier metrics.jsonl mixed in, no earlier no-retry note refusing the run. The row: its figures (warm-up epoch
+    apart), with bad samples and device-decode fallbacks summed over every epoch."""
+    root = root or ensure_dataset(check, *PROFILE_SET)
+    run_dir = run_dir_for(check, name)
+    if fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    ok, line = run([*(launcher or [sys.executable]), "-m", "train", *overrides, "dataset=imagefolder",
+                    f"data.root={root}", f"trainer.epochs={epochs}", "trainer.progress=false",
+                    f"hydra.run.dir={run_dir}"], check.left())
     metrics = run_dir / "metrics.jsonl"
     if not (ok and metrics.is_file()):
-        return {**row, "ok": False, "error": line}
+        raise PartFailed(line)
     records = [json.loads(text) for text in metrics.read_text().splitlines()]
     warm = records[1:] or records
-    row.update(images_per_s=statistics.median(r["images_per_s"] for r in warm),
-               data_wait_frac=statistics.median(r["data_wait_frac"] for r in warm),
-               warmup_epoch_s=records[0]["epoch_s"], first_batch_s=records[0]["first_batch_s"],
-               measured_images=sum(r["images"] for r in warm), gpu_peak_mb=warm[-1].get("gpu_peak_mb"),
-               gpu_util=warm[-1].get("gpu_util"))
+    row = {"run_dir": str(run_dir), "epochs": len(records),
+           "images_per_s": statistics.median(r["images_per_s"] for r in warm),
+           "data_wait_frac": statistics.median(r["data_wait_frac"] for r in warm),
+           "warmup_epoch_s": records[0]["epoch_s"], "first_batch_s": records[0]["first_batch_s"],
+           "measured_images": sum(r["images"] for r in warm), "gpu_peak_mb": warm[-1].get("gpu_peak_mb"),
+           "gpu_util": warm[-1].get("gpu_util"), "val_acc": records[-1].get("val_acc")}
+    for key in ("bad_samples", "decode_fallbacks", "skipped_steps"):
+        row[key] = sum(r.get(key) or 0 for r in records)
+    if row["bad_samples"]:
+        raise PartFailed(f"{row['bad_samples']} samples skipped as unreadable (run dir {run_dir})", row)
     return row
 
 
-def nccl_probe() -> int:
-    """Under torchrun: an NCCL group (whatever its size), an all-reduce checked, and one DDP training step."""
-    import torch
-    import torch.distributed as dist
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    total = torch.ones(1, device=device) * (rank + 1)
-    dist.all_reduce(total)
-    expected = world * (world + 1) / 2
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 8).to(device), device_ids=[device])
-    model(torch.randn(32, 64, device=device)).square().mean().backward()
-    torch.cuda.synchronize(device)
-    backend = dist.get_backend()
-    dist.destroy_process_group()
-    if backend != "nccl" or total.item() != expected:
-        print(f"nccl probe: backend {backend}, all-reduce {total.item()} (expected {expected})", file=sys.stderr)
-        return 1
-    print(f"nccl {'.'.join(map(str, torch.cuda.nccl.version()))}: {world} process(es), all-reduce and a DDP step ok")
-    return 0
+def run_log(run_dir: Path) -> str:
+    """Rank 0's log of a run (Hydra names it after the job: __main__.log)."""
+    return "".join(path.read_text(errors="replace") for path in run_dir.glob("*.log"))
 
 
-def nccl(gpus: int) -> dict:
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    if gpus >= 2:
-        return {**train("nccl, 2 processes", ["hardware=a100"], [*torchrun, "--nproc_per_node=2"], epochs=2),
-                "part": "nccl, 2 processes"}
-    ok, line = run([*torchrun, "--nproc_per_node=1", "scripts/gpu_check.py", "--nccl-probe"], TIMEOUTS["nccl"])
-    return {"part": "nccl, 1 process (forced group)", "ok": ok, "detail" if ok else "error": line}
+def profile(name: str, *overrides: str) -> Callable[[Check], dict]:
+    return lambda check: train(check, name, list(overrides))
+
+
+def decode_on_device(check: Check) -> dict:
+    """a100 with data.decode=device: fails when any file fell back to the CPU decoder (refused by nvJPEG)."""
+    row = train(check, "decode", ["hardware=a100", "data.decode=device"])
+    if row["decode_fallbacks"]:
+        raise PartFailed(f"{row['decode_fallbacks']} files fell back to the CPU decoder (nvJPEG refused them)", row)
+    return row
+
+
+def ddp(check: Check) -> dict:
+    """loadout's own DDP path on NCCL through TrainStep, one rank per GPU (one on a one-GPU machine:
+    trainer.ddp=always): gradient accumulation's no_sync, compile + DDP, the gloo control group, the metric
+    all-reduces."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={max(check.gpus, 1)}"]
+    row = train(check, "ddp", ["hardware=a100", "trainer.ddp=always", "trainer.compile=true",
+                               "trainer.grad_accum_steps=2"], epochs=PATH_EPOCHS, launcher=torchrun)
+    group = re.search(r"process group: (\w+), (\d+) process", run_log(Path(row["run_dir"])))
+    if group is None or group.group(1) != "nccl":
+        raise PartFailed(f"no NCCL process group in the run's log ({group.group(0) if group else 'none'})", row)
+    return {**row, "backend": group.group(1), "processes": int(group.group(2))}
+
+
+def resume(check: Check) -> dict:
+    """AdamW for one epoch, then trainer.resume=auto in the same run dir for a second, on CUDA."""
+    overrides = ["hardware=a100", "optimizer=adamw"]
+    train(check, "resume", overrides, epochs=1)
+    row = train(check, "resume", [*overrides, "trainer.resume=auto"], epochs=2, fresh=False)
+    if row["epochs"] != 2 or "resumed from" not in run_log(Path(row["run_dir"])):
+        raise PartFailed(f"the second run did not resume ({row['epochs']} epochs in metrics.jsonl)", row)
+    return row
+
+
+def path_row(name: str, *overrides: str) -> Callable[[Check], dict]:
+    return lambda check: train(check, name, ["hardware=a100", *overrides], epochs=PATH_EPOCHS)
+
+
+def datasets(check: Check) -> dict:
+    root = ensure_dataset(check, *PROFILE_SET)
+    return {"detail": f"{root}: {sum(1 for _ in (root / 'train').rglob('*.jpg'))} training images"}
+
+
+def cuda_tests(check: Check) -> dict:
+    ok, line = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
+                   check.left())
+    if not ok:
+        raise PartFailed(line)
+    return {"detail": line}
+
+
+def prefetch_bench(check: Check) -> dict:
+    root = ensure_dataset(check, *SEED_SET)
+    ok, line = run([sys.executable, "bench/gpu_prefetch.py"], check.left(), env={"SEED_DATA": str(root)})
+    if not ok:
+        raise PartFailed(line)
+    return {"detail": line}
+
+
+PARTS = [
+    Part("datasets", "make the profile set: 3,000 JPEGs of 320 px (the training parts make it too when missing)",
+         datasets, cuda=False),
+    Part("cuda-tests", "pytest -m cuda: prefetcher, no host sync, fp16 scaler, real OOM halving, ...", cuda_tests),
+    Part("rtx3060", "hardware=rtx3060 (ResNet-18, 3 workers), 4 epochs", profile("rtx3060", "hardware=rtx3060")),
+    Part("rtx4080", "hardware=rtx4080, 4 epochs", profile("rtx4080", "hardware=rtx4080")),
+    Part("a100", "hardware=a100 (ResNet-50, 12 workers, bf16), 4 epochs: img/s, data wait",
+         profile("a100", "hardware=a100")),
+    Part("compile", "a100 + trainer.compile=true (Inductor: train and eval graphs)",
+         profile("compile", "hardware=a100", "trainer.compile=true")),
+    Part("decode", "a100 + data.decode=device (torchcodec, nvJPEG); fails on any CPU fallback", decode_on_device),
+    Part("ddp", "torchrun, one rank per GPU, trainer.ddp=always on NCCL, compile + grad_accum_steps=2", ddp),
+    Part("resume", "AdamW one epoch, then trainer.resume=auto on CUDA", resume),
+    Part("fp16-clip", "trainer.precision=fp16 (GradScaler) + trainer.grad_clip=1.0",
+         path_row("fp16-clip", "trainer.precision=fp16", "trainer.grad_clip=1.0")),
+    Part("mixup", "augment=strong (MixUp/CutMix on the GPU)", path_row("mixup", "augment=strong")),
+    Part("deterministic", "trainer.deterministic=true (cuBLAS workspace, deterministic kernels)",
+         path_row("deterministic", "trainer.deterministic=true")),
+    Part("prefetch-bench", "bench/gpu_prefetch.py: h2d copy, data wait with and without the prefetcher",
+         prefetch_bench),
+]
+PART_NAMES = [part.name for part in PARTS]
+
+
+def part_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PART_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"no part {', '.join(unknown)}: choose from {', '.join(PART_NAMES)}")
+    return names
+
+
+def chosen(only: list[str] | None, skip: list[str]) -> list[Part]:
+    return [part for part in PARTS if (not only or part.name in only) and part.name not in skip]
+
+
+def run_part(check: Check, part: Part) -> dict:
+    """One part, as a report row: status passed, failed (with the error) or skipped (with the reason)."""
+    if part.cuda and check.cuda_problem:
+        return {"part": part.name, "status": "skipped", "reason": "needs CUDA, unusable here (see notes)"}
+    if part.name == "decode" and check.decode_problem:
+        return {"part": part.name, "status": "skipped", "reason": check.decode_problem}
+    check.deadline = time.monotonic() + PART_S
+    started = time.monotonic()
+    try:
+        row = {"part": part.name, "status": "passed", **part.run(check)}
+    except PartFailed as failed:
+        figures = failed.args[1] if len(failed.args) > 1 else {}
+        row = {"part": part.name, "status": "failed", "error": failed.args[0], **figures}
+    return {**row, "seconds": round(time.monotonic() - started, 1)}
+
+
+def one_line(row: dict) -> str:
+    if row["status"] == "skipped":
+        return f"gpu-check: skip {row['part']}: {row['reason']}"
+    if row["status"] == "failed":
+        return f"gpu-check: {row['part']} FAILED: {row['error']}"
+    figures = (f"{row['images_per_s']:.0f} img/s, data_wait {100 * row['data_wait_frac']:.1f}%, warm-up "
+               f"{row['warmup_epoch_s']:.1f} s" if "images_per_s" in row else row.get("detail", ""))
+    return f"gpu-check: {row['part']} passed ({row['seconds']:.0f} s): {figures}"
+
+
+def write_report(check: Check, report: dict) -> None:
+    check.out.mkdir(parents=True, exist_ok=True)
+    path = check.out / "report.json"
+    path.with_suffix(".tmp").write_text(json.dumps(report, indent=2) + "\n")
+    path.with_suffix(".tmp").replace(path)  # a run killed mid-write leaves the previous report whole
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -170,69 +385,90 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if "images_per_s" in r]
+    if not ok:
+        return
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.barh([r["part"] for r in ok], [r["images_per_s"] for r in ok])
     for i, r in enumerate(ok):
         ax.text(r["images_per_s"], i, f" data_wait {100 * r['data_wait_frac']:.1f}%", va="center")
-    ax.set_xlabel(f"images/s (median of epochs 2-{EPOCHS})")
+    ax.set_xlabel("images/s (median of the epochs after the warm-up)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"{'part':<32}{'ok':<5}{'img/s':>9}{'data_wait':>11}{'warm-up':>10}  detail")
-    for row in rows:
-        rate = f"{row['images_per_s']:.0f}" if "images_per_s" in row else "-"
-        wait = f"{100 * row['data_wait_frac']:.1f}%" if "data_wait_frac" in row else "-"
-        warm = f"{row['warmup_epoch_s']:.1f}s" if "warmup_epoch_s" in row else "-"
-        print(f"{row['part']:<32}{'yes' if row['ok'] else 'NO':<5}{rate:>9}{wait:>11}{warm:>10}  "
-              f"{row.get('error') or row.get('detail', '')}")
-
-
-def main() -> int:
-    problem = environment_problem()
-    if problem:
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for part in PARTS:
+            print(f"{part.name:<15}{'(CUDA) ' if part.cuda else ''}{part.about}")
+        return 0
+    check = Check(out=args.out, runs=args.runs, data=args.data)
+    parts = chosen(args.only, args.skip)
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": sys.argv, "python": sys.executable,
+              "notes": [], "parts": [], "pending": [part.name for part in parts]}
+    try:
+        installed = install_wheels(args.wheels)
+        if installed:
+            print(f"gpu-check: {installed}", flush=True)
+            report["notes"].append(installed)
+        check_environment()
+    except EnvironmentProblem as problem:
+        report["error"] = str(problem)
+        write_report(check, report)
         print(f"gpu-check: {problem}", file=sys.stderr)
         return 2
     import torch
 
     from train.device import CudaFacts, why_no_cuda
 
-    if not torch.cuda.is_available():
-        print(f"gpu-check: CUDA is unusable here: {why_no_cuda(CudaFacts.of_this_machine())}", file=sys.stderr)
-        return 1
-    OUT.mkdir(parents=True, exist_ok=True)
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "facts": facts(), "parts": []}
-    print("  ".join(f"{k}: {v}" for k, v in report["facts"].items() if k != "device"))
+    check.decode_problem = decode_problem()
+    if torch.cuda.is_available():
+        check.gpus = torch.cuda.device_count()
+    else:
+        check.cuda_problem = f"CUDA is unusable here: {why_no_cuda(CudaFacts.of_this_machine())}"
+    report["facts"] = facts()
+    for note in filter(None, [check.cuda_problem and f"{check.cuda_problem}; the CUDA parts are skipped",
+                              check.decode_problem and f"{check.decode_problem}: the decode part is skipped, the rest "
+                              "runs"]):
+        report["notes"].append(note)
+        print(f"gpu-check: {note}", flush=True)
+    print("  ".join(f"{k}: {v}" for k, v in report["facts"].items() if k not in ("device", "optional_missing")),
+          flush=True)
+    write_report(check, report)
+    for part in parts:
+        row = run_part(check, part)
+        report["parts"].append(row)
+        report["pending"].remove(part.name)
+        write_report(check, report)
+        print(one_line(row), flush=True)
     rows = report["parts"]
-    for root, args in ((Path(DATA), ()), (SEED_DATA, ("--size", "320", "--train-per-class", "60",
-                                                      "--val-per-class", "5"))):
-        ok, line = ensure_dataset(root, *args)
-        if not ok:
-            rows.append({"part": f"dataset {root.name}", "ok": False, "error": line})
-    ok, line = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
-                   TIMEOUTS["cuda tests"])
-    rows.append({"part": "cuda tests", "ok": ok, "detail" if ok else "error": line})
-    for name, overrides in RUNS.items():
-        rows.append(train(name, overrides, [sys.executable]))
-        print(f"{name}: {'ok' if rows[-1]['ok'] else rows[-1]['error']}", flush=True)
-    rows.append(nccl(torch.cuda.device_count()))
-    ok, line = run([sys.executable, "bench/gpu_prefetch.py"], TIMEOUTS["gpu_prefetch"])
-    rows.append({"part": "bench/gpu_prefetch.py", "ok": ok, "detail" if ok else "error": line})
-    (OUT / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     if importlib.util.find_spec("matplotlib") is not None:
-        plot(rows, OUT / "report.png")
-    print_table(rows)
-    failed = [row["part"] for row in rows if not row["ok"]]
-    print(f"report: {OUT / 'report.json'}")
+        plot(rows, check.out / "report.png")
+    failed = [row["part"] for row in rows if row["status"] == "failed"]
+    skipped = [row["part"] for row in rows if row["status"] == "skipped"]
+    print(f"report: {check.out / 'report.json'}")
     if failed:
         print(f"gpu-check: FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1
-    print("gpu-check: every part passed")
+    print(f"gpu-check: no part failed ({len(rows) - len(skipped)} ran, {len(skipped)} skipped)")
     return 0
 
 
-if __name__ == "__main__":
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nccl-probe", action="store_true", help="(under torchrun) the NCCL probe alone")
-    sys.exit(nccl_probe() if parser.parse_args().nccl_probe else main())
+    parser.add_argument("--only", type=part_list, metavar="PART[,PART]", help="run these parts alone (--list)")
+    parser.add_argument("--skip", type=part_list, metavar="PART[,PART]", action="extend", default=[],
+                        help="leave these parts out")
+    parser.add_argument("--list", action="store_true", help="list the parts and what each runs")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu-check",
+                        help="where report.json and report.png go ($OUT on a lent machine)")
+    parser.add_argument("--runs", type=Path, default=ROOT / "outputs" / "gpu-check" / "runs",
+                        help="the training parts' run dirs (each emptied before its part)")
+    parser.add_argument("--data", type=Path, default=ROOT / "data", help="where the datasets are made")
+    parser.add_argument("--wheels", type=Path, default=ROOT / ".gpu-wheels",
+                        help="wheels to install with no index where packages are missing (make gpu-wheels)")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

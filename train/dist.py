@@ -12,10 +12,13 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from train.config import ConfigError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_TIMEOUT_S = 600  # torch's default for NCCL
 GROUP_TIMEOUT_MARGIN_S = 300
+DDP_MODES = ("auto", "always")  # trainer.ddp
 
 
 @dataclass(frozen=True)
@@ -27,18 +30,28 @@ class DistEnv:
     world_size: int = 1
     local_world_size: int = 1
     restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: > 0 after the group was restarted
+    always_ddp: bool = False  # trainer.ddp=always: a process group and DDP even for a single process
 
     @classmethod
-    def from_env(cls) -> DistEnv:
+    def from_env(cls, ddp: str = "auto") -> DistEnv:
+        """`ddp` (trainer.ddp): auto = DDP when torchrun starts more than one process; always = DDP for one process
+        too, so a one-GPU machine runs the multi-GPU path (no_sync, compile + DDP, the control group, the metric
+        all-reduces). It needs torchrun's rendezvous: `torchrun --standalone --nproc_per_node=1 -m train ...`."""
         env = os.environ
+        if ddp not in DDP_MODES:
+            raise ConfigError(f"trainer.ddp={ddp}: use auto (DDP when torchrun starts more than one process) or "
+                              "always (DDP for a single process too, under torchrun)")
+        if ddp == "always" and "MASTER_ADDR" not in env:
+            raise ConfigError("trainer.ddp=always: not under torchrun (MASTER_ADDR is unset); launch with "
+                              "`torchrun --standalone --nproc_per_node=1 -m train ...`")
         return cls(rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
                    world_size=int(env.get("WORLD_SIZE", 1)),
                    local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
-                   restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+                   restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)), always_ddp=ddp == "always")
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        return self.world_size > 1 or self.always_ddp
 
     @property
     def is_main(self) -> bool:
@@ -98,6 +111,9 @@ def init_process_group(env: DistEnv, device: torch.device, data_timeout_s: float
         torch_dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
                                       **kwargs)
         _control_group = torch_dist.new_group(backend="gloo", timeout=timeout)
+        if env.is_main:
+            log.info("process group: %s, %d process(es)%s", backend, env.world_size,
+                     " (trainer.ddp=always: DDP for a single process)" if env.world_size == 1 else "")
 
 
 def control_group() -> torch_dist.ProcessGroup | None:
