@@ -62,7 +62,7 @@ def test_signal_stops_at_a_step_saves_the_position_and_resume_trains_exactly_the
     assert "Traceback" not in out, out[-3000:]
     lines = [line for line in out.splitlines() if "stopped by" in line]
     assert len(lines) == 1, out[-3000:]
-    stopped = re.search(rf"stopped by {sig.name} at epoch 2, batch (\d+); continue with: python -m train (.*)$",
+    stopped = re.search(rf"stopped by {sig.name} at epoch 2, batch (\d+); continue with: \S*python\S* -m train (.*)$",
                         lines[0])
     assert stopped, lines[0]
     batch = int(stopped[1])

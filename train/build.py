@@ -4,6 +4,7 @@ in one line naming the key."""
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -45,10 +46,14 @@ def fitted_spec(key: str, spec: Any, optional: tuple[str, ...]) -> Any:
     classes (dataset `root`, model `name`), and `<key>._target_=your.Class` on the command line keeps them."""
     from hydra.utils import get_object
 
+    hydra_log = logging.getLogger("hydra.utils")  # get_object logs a failure in several lines, then raises it
+    was_disabled, hydra_log.disabled = hydra_log.disabled, True
     try:
         target = get_object(spec._target_)
     except Exception as err:  # ImportError, AttributeError, or Hydra's wrapping of them
         raise import_failure(key, spec._target_, err) from err
+    finally:
+        hydra_log.disabled = was_disabled
     try:
         params = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: pass everything

@@ -6,7 +6,6 @@ wrong together (e.g. prefetch_factor with num_workers=0) before any DataLoader w
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +124,7 @@ class TrainerConfig:
     resume: str | None = None  # auto | path to a checkpoint | null; a torchrun restart always continues its run dir
     checkpoint_every_steps: int | None = None  # also saves the data loader's mid-epoch position
     dist_timeout_s: float | None = None  # a collective that waits longer fails; null = max(600, data.timeout + 300)
+    ddp: str = "auto"  # auto = DDP when torchrun starts more than one process; always = for a single one too
     keep_checkpoints: int = 2  # last.pt and the ones before it (last.1.pt, ...): resume=auto takes the newest readable
     on_nonfinite: str = "stop"  # a NaN/inf loss: stop (the checkpoints keep the last finite state) | skip the step
     nonfinite_skips: int = 10  # with skip: steps skipped in a row before the run stops anyway
@@ -160,23 +160,15 @@ def _if_cuda(on_cuda: Any, otherwise: Any) -> Any:
     return on_cuda if torch.cuda.is_available() else otherwise
 
 
-def _run_dir_name() -> str:
-    """One run dir for every torchrun rank (and every restart): Hydra resolves ${now:} in each process."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and run_id != "none":
-        return f"torchrun/{run_id}"
-    from datetime import datetime
-
-    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-
-
 def register() -> None:
     """Register the schema and resolvers; safe to call more than once."""
     ConfigStore.instance().store(name="loadout_schema", node=LoadoutConfig)
     if not OmegaConf.has_resolver("if_cuda"):
         OmegaConf.register_new_resolver("if_cuda", _if_cuda)
     if not OmegaConf.has_resolver("run_dir_name"):
-        OmegaConf.register_new_resolver("run_dir_name", _run_dir_name, use_cache=True)
+        from train.run_dir import run_dir_name
+
+        OmegaConf.register_new_resolver("run_dir_name", run_dir_name, use_cache=True)
 
 
 def drop_worker_knobs(cfg: Any, typed: set[str] = frozenset()) -> list[str]:

@@ -3,31 +3,42 @@ struct mode rejects, become one line naming the key and the fix."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
-from pathlib import Path
+import typing
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
 
-from train.config import RENAMED, RENAMED_OPTIONS, SWAPPABLE_GROUPS, ConfigError, register
+from train.cli_help import CONF, options
+from train.config import RENAMED, RENAMED_OPTIONS, SWAPPABLE_GROUPS, ConfigError, LoadoutConfig, register
+
+# How a schema type reads in an error: `data.batch_size=abc: takes an integer`.
+TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
-def check_command_line(overrides: list[str], config_name: str = "config") -> None:
-    """Compose the config as `python -m train` will, and turn Hydra's composition errors into one line naming the
-    key and the fix: a typo names the closest real key, an unknown group option lists the ones there are."""
+def check_command_line(overrides: list[str], config_name: str = "config") -> DictConfig:
+    """Compose the config as `python -m train` will and return it, turning Hydra's composition errors into one line
+    naming the key and the fix: a typo names the closest real key, an unknown group option the closest ones there
+    are (also in the `optional` groups, which Hydra would silently leave out), a wrong type what the key takes."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException, MissingConfigException
 
     register()
-    conf_dir = str(Path(__file__).resolve().parents[1] / "conf")
-    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+    for override in overrides:
+        _check_group_option(override)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         try:
-            compose(config_name=config_name, overrides=overrides)
+            return compose(config_name=config_name, overrides=overrides)
         except MissingConfigException as err:
             raise ConfigError(_missing_option(err)) from None
         except HydraException as err:
-            text = f"{err} {err.__cause__ or ''}"
+            cause = err.__cause__
+            if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
+                raise ConfigError(_wrong_type(cause.full_key, overrides)) from None
+            text = f"{err} {cause or ''}"
             match = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", text)
             if match is None:
                 raise ConfigError(str(err).strip().splitlines()[0]) from None
@@ -54,17 +65,49 @@ def _closest(key: str, known: list[str]) -> str:
     return hint
 
 
+def _check_group_option(override: str) -> None:
+    """`debug=fast`, `logger=[tensorboard,wandbb]`: every option named must be a conf/<group>/<option>.yaml."""
+    key, sep, value = override.partition("=")
+    group = key.lstrip("+~").split("@", 1)[0]
+    if not sep or "." in group or not (CONF / group).is_dir():
+        return
+    for name in filter(None, (part.strip() for part in value.strip().strip("[]").split(","))):
+        if name != "null" and name not in options(group):
+            raise ConfigError(_unknown_option(group, name))
+
+
+def _unknown_option(group: str, name: str) -> str:
+    """One line: the renamed option's new name, else the closest options and all of them."""
+    if f"{group}/{name}" in RENAMED_OPTIONS:
+        return f"{group}={name}: renamed; use {RENAMED_OPTIONS[f'{group}/{name}']}"
+    known = options(group)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    own = f" (or point {group}._target_ at a class of your own)" if group in SWAPPABLE_GROUPS else ""
+    hint = f"; did you mean {group}={close[0]}?" if close else ""
+    return f"{group}={name}: no conf/{group}/{name}.yaml; choose one of {', '.join(known)}{own}{hint}"
+
+
 def _missing_option(err) -> str:
-    """`dataset=imagenet` when conf/dataset/imagenet.yaml does not exist: the options there are."""
+    """A group option Hydra could not load (one `_check_group_option` did not see, e.g. a nested group)."""
     missing = getattr(err, "missing_cfg_file", "") or ""
     group, _, name = missing.rpartition("/")
-    options = ", ".join(getattr(err, "options", None) or [])
     if not group:
         return str(err).strip().splitlines()[0]
-    if missing in RENAMED_OPTIONS:
-        return f"{group}={name}: renamed; use {RENAMED_OPTIONS[missing]}"
-    return (f"{group}={name}: no conf/{group}/{name}.yaml; choose one of {options} (or point {group}._target_ at a "
-            "class of your own)")
+    return _unknown_option(group, name)
+
+
+def _wrong_type(key: str, overrides: list[str]) -> str:
+    """`data.batch_size=abc`: the key, what it takes (from the schema) and the value given."""
+    given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == key), "?")
+    node: Any = LoadoutConfig
+    for part in key.split("."):
+        node = typing.get_type_hints(node).get(part) if dataclasses.is_dataclass(node) else None
+    if node is None or node is Any:
+        return f"{key}={given}: a value of the wrong type for {key}"
+    kinds = typing.get_args(node) or (node,)
+    words = [TYPE_WORDS.get(kind.__name__, kind.__name__) for kind in kinds if kind is not type(None)]
+    null = " or null" if type(None) in kinds else ""
+    return f"{key}={given}: {key} takes {' or '.join(words)}{null}, not {given!r}"
 
 
 def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
