@@ -1,7 +1,12 @@
 """The image's torch after the dependencies are installed: a CUDA build (unless the image is asked for CPU only:
 --build-arg CPU_ONLY=1), and torch / torchvision at the lock's versions (constraints.txt, given as the argument), or
 with TORCH_FROM_BASE=1 the base's own, in the range loadout supports (requirements.txt). Fails the build in one line
-otherwise."""
+otherwise.
+
+In a CUDA image torchcodec's decoders must load too (data.decode=device): its libraries link against torch's and
+its CUDA major's (libcudart/libnvrtc), so a base of another CUDA major than the wheel's fails only at the first
+decode=device run, with an OSError. With the lock's torch that fails the build; with TORCH_FROM_BASE=1, whose torch
+the lock's torchcodec may not be built for, it is one warning line (every other path runs)."""
 
 from __future__ import annotations
 
@@ -41,8 +46,27 @@ def main(lock_path: str, requirements_path: str) -> int:
               "nothing; use a CUDA base, or --build-arg CPU_ONLY=1 for an image for machines without GPUs",
               file=sys.stderr)
         return 1
+    if torch.version.cuda is not None:
+        problem = torchcodec_problem()
+        if problem and os.environ.get("TORCH_FROM_BASE") == "1":
+            print(f"check_torch: warning: {problem}; data.decode=device will not run in this image", file=sys.stderr)
+        elif problem:
+            print(f"check_torch: {problem}: build FROM a base of the CUDA major torchcodec's wheel is built for, or "
+                  "install torchcodec from PyTorch's index for this CUDA", file=sys.stderr)
+            return 1
     print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision {torchvision.__version__}")
     return 0
+
+
+def torchcodec_problem() -> str | None:
+    """None when torchcodec's image decoders load against this torch; else what failed, in one line."""
+    try:
+        import torchcodec.decoders  # noqa: F401
+    except (ImportError, OSError, RuntimeError) as err:  # a CUDA-major mismatch is an OSError from load_library
+        text = str(err).strip().splitlines()
+        return (f"torchcodec does not load against torch {torch.__version__} (CUDA {torch.version.cuda}): "
+                f"{text[0][:300] if text else type(err).__name__}")
+    return None
 
 
 if __name__ == "__main__":

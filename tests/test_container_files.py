@@ -24,8 +24,12 @@ TRAIN_SERVICES = ("train", "train-multi")
 LOADOUT_SERVICES = (*TRAIN_SERVICES, "jupyter")  # services running the loadout image (not monitoring's)
 FRAGMENT_FILE = "docker/hardware/${HARDWARE:-auto}.yml"
 HARDWARE_NAMES = sorted(p.stem for p in HARDWARE_DIR.glob("*.yml"))
+# Docker sets NVIDIA_DRIVER_CAPABILITIES to exactly the driver capabilities listed (none listed: the image's
+# compute,utility): nvJPEG's hardware decoder (data.decode=device) needs `video`, and listing it alone would drop
+# CUDA (compute) and NVML (utility).
 GPU_RESERVATION = {
-    "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
+    "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all",
+                                                "capabilities": ["gpu", "compute", "utility", "video"]}]}}
 }
 
 # The compose-spec schema (https://github.com/compose-spec/compose-spec/blob/master/schema/compose-spec.json):

@@ -20,7 +20,7 @@ from tests.conftest import ROOT, compose_config
 from train.data import data_from_config
 from train.data.batch import channels_innermost
 from train.data.datasets import ImageFolderDataset
-from train.data.decode import dct_scale, decode_image_file
+from train.data.decode import dct_scale, decode_image_file, exif_orientation
 from train.data.packed import PackedDataset
 from train.data.transforms import fit_square
 from train.dist import DistEnv
@@ -97,6 +97,24 @@ def test_exif_orientation_is_not_applied_on_either_decoder_path(mode):
     reference = torch.from_numpy(np.array(Image.open(io.BytesIO(data.getvalue())).convert("RGB"))).permute(2, 0, 1)
     assert (decoded.int() - reference.int()).abs().max() <= 2  # libjpeg-turbo vs PIL's libjpeg: rounding at most
     assert channels_innermost(decoded)  # HWC in memory on both paths: the ring's channels_last batches
+
+
+def test_the_exif_orientation_is_read_from_the_header():
+    """What data.decode=device undoes after torchcodec applied it: 2-8 from the tag; 1 without a tag, with one out
+    of range, or for a format torchcodec does not decode."""
+    image = Image.fromarray(np.zeros((8, 16, 3), dtype=np.uint8))
+
+    def tagged(orientation: int | None, fmt: str = "JPEG") -> bytes:
+        exif = Image.Exif()
+        if orientation is not None:
+            exif[0x0112] = orientation
+        data = io.BytesIO()
+        image.save(data, fmt, exif=exif.tobytes())
+        return data.getvalue()
+
+    assert [exif_orientation(tagged(o)) for o in range(1, 9)] == list(range(1, 9))
+    assert exif_orientation(tagged(None)) == exif_orientation(tagged(9)) == exif_orientation(tagged(6, "PNG")) == 1
+    assert exif_orientation(jpeg_bytes(image)) == 1
 
 
 def test_unreadable_bytes_raise_what_the_bad_sample_guard_catches():

@@ -6,18 +6,23 @@ exact."""
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision.transforms import v2
 
 from scripts.make_dataset import make_synthetic_imagefolder
-from tests.conftest import compose_config, read_metrics, run_cli, whole_and_resumed
+from tests.conftest import ROOT, compose_config, read_metrics, run_cli, whole_and_resumed
 from train.config import ConfigError, validate
 from train.data import data_from_config
+from train.data.encoded import FLIP, BoxPlan, as_stored, place
 from train.data.transforms import MEAN, STD
 from train.dist import DistEnv
 
@@ -37,6 +42,15 @@ def epoch(cfg, epoch_index: int = 0, limit: int | None = None) -> tuple[list, li
                  for b in itertools.islice(data.train, limit)]
         val = [b.images.clone() for b in data.val]
         return train, val, data.train.loader.collate_fn
+
+
+def tag_orientation(path: Path, orientation: int) -> None:
+    """Re-save a JPEG with an EXIF orientation tag, as a camera writes one (the pixels stay as stored)."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    with Image.open(path) as image:
+        image.load()
+    image.save(path, quality=92, exif=exif.tobytes())
 
 
 def pixels(images: torch.Tensor) -> torch.Tensor:
@@ -60,9 +74,12 @@ def test_device_decode_gives_the_pixels_of_a_cpu_decoded_run_through_the_ring(ti
 
 
 def test_dct_scaled_photos_crop_the_same_boxes(tmp_path):
-    """640 x 480 photos at a 37 px resize: the CPU path decodes at 1/8 and crops there; the device decodes whole and
-    resizes to the same size first, so the boxes match and the pixels nearly."""
+    """640 x 480 photos at a 37 px resize, half of them tagged "rotate 90" or "rotate 270": the CPU path decodes at
+    1/8 as stored and crops there; the device decodes whole, upright, turns it back and resizes to the same size
+    first, so the boxes match and the pixels nearly."""
     root = make_synthetic_imagefolder(tmp_path / "photos", train_per_class=2, val_per_class=1, photo=(640, 480))
+    for n, path in enumerate(sorted(root.glob("train/*/*.jpg"))[::2]):
+        tag_orientation(path, 6 if n % 2 else 8)
     common = ("data.num_workers=0", "data.batch_size=4")
     for recipe in ("crop_flip", "imagenet"):
         cpu, _, _ = epoch(config(root, f"augment={recipe}", *common), limit=3)
@@ -72,6 +89,34 @@ def test_dct_scaled_photos_crop_the_same_boxes(tmp_path):
             assert float(error.mean()) < 6, recipe  # another crop would differ by tens of levels
             mse = float((error**2).mean())
             assert 10 * np.log10(255**2 / mse) >= 26, recipe
+
+
+def test_a_batch_is_placed_as_each_image_alone():
+    """place() resizes images of one size together, crops of one size together and flips together: every image
+    comes out as it does placed alone, bit for bit, whatever the sizes, layouts, boxes and recipes beside it."""
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=generator)
+              for size in [(75, 100), (75, 100), (100, 75), (75, 100), (80, 80), (100, 75), (75, 100), (80, 80)] * 2]
+    images[3] = images[3].permute(1, 2, 0).contiguous().permute(2, 0, 1)  # HWC in memory, as a host fallback
+    recipes = [v2.Compose([v2.Resize(40), v2.RandomCrop(32), v2.RandomHorizontalFlip()]),
+               v2.Compose([v2.Resize(40), v2.CenterCrop(32)]),
+               v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip()]),
+               v2.Compose([v2.RandomCrop(32), v2.RandomHorizontalFlip()])]
+    torch.manual_seed(0)
+    for recipe in recipes:
+        plan = BoxPlan.of(recipe)
+        for min_side in (None, 30):  # 30: DCT-scaled boxes (1/2) for the recipes without a Resize
+            rows = np.array([plan.draw(tuple(image.shape[1:]), min_side) for image in images], dtype=np.int64)
+            assert 0 < rows[:, FLIP].sum() < len(rows) or plan.flip is None
+            alone = torch.cat([place([image], rows[i:i + 1]) for i, image in enumerate(images)])
+            assert torch.equal(place(list(images), rows), alone)
+
+
+def test_an_orientation_torchcodec_did_not_apply_sends_the_file_to_the_host():
+    row = np.array(BoxPlan.of(v2.CenterCrop(8)).draw((48, 64), None, 6))
+    upright = torch.zeros(3, 64, 48, dtype=torch.uint8)
+    assert tuple(as_stored(upright, row).shape) == (3, 48, 64)
+    assert as_stored(torch.zeros(3, 48, 64, dtype=torch.uint8), row) is None  # decoded as stored: not turned
 
 
 def test_refused_files_fall_back_to_the_cpu_counted_and_broken_ones_are_skipped(tiny_dataset, tmp_path):
@@ -118,6 +163,42 @@ def test_sources_and_recipes_it_cannot_run_fail_before_any_worker(tiny_dataset, 
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
+@pytest.fixture
+def unloadable_torchcodec(tmp_path) -> str:
+    """A PYTHONPATH whose `torchcodec` fails as one built for another CUDA major does: torch.ops.load_library raises
+    OSError, not ImportError."""
+    fake = tmp_path / "site" / "torchcodec"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise OSError("libnvrtc.so.13: cannot open shared object file")\n')
+    return f"{fake.parent}{os.pathsep}{ROOT}"
+
+
+def test_a_torchcodec_that_does_not_load_is_one_line(small_run_args, unloadable_torchcodec):
+    result = run_cli([*small_run_args, "data.decode=device", "data.num_workers=0"],
+                     env={"PYTHONPATH": unloadable_torchcodec}, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("error: data.decode=device: torchcodec does not load (libnvrtc.so.13: cannot open")
+    assert "torch >= 2.11" in lines[0] and "data.decode=cpu" in lines[0]
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="docker/check_torch.py loads torchcodec in CUDA images only")
+def test_the_image_build_checks_that_torchcodec_loads(unloadable_torchcodec):
+    """docker/check_torch.py, as the Dockerfile runs it: the lock's torch fails the build in one line; a base's own
+    torch (TORCH_FROM_BASE=1) only warns, since the lock's torchcodec may not be built for it."""
+    def check(**env) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "docker/check_torch.py", "constraints.txt", "requirements.txt"],
+                              cwd=ROOT, capture_output=True, text=True, env={**os.environ, **env})
+
+    assert check().returncode == 0, "the real torchcodec loads"
+    refused = check(PYTHONPATH=unloadable_torchcodec)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("check_torch: torchcodec does not load against torch ")
+    assert "libnvrtc.so.13" in refused.stderr
+    warned = check(PYTHONPATH=unloadable_torchcodec, TORCH_FROM_BASE="1")
+    assert warned.returncode == 0 and warned.stderr.startswith("check_torch: warning: torchcodec does not load")
+
+
 @pytest.mark.slow
 def test_a_run_trains_with_device_decode(small_run_args, tmp_path):
     result = run_cli([*small_run_args, "data.num_workers=2", "data.decode=device", "trainer.epochs=2",
@@ -125,3 +206,30 @@ def test_a_run_trains_with_device_decode(small_run_args, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_metrics(tmp_path / "run")
     assert len(records) == 2 and records[-1]["decode_fallbacks"] == 0 and records[-1]["val_samples"] == 80
+
+
+@pytest.fixture(scope="module")
+def phone_photos(tmp_path_factory) -> Path:
+    """240 x 180 photos, each re-saved with an EXIF orientation 1-8 in turn (6: a phone held upright, "rotate 90 CW
+    to display")."""
+    root = make_synthetic_imagefolder(tmp_path_factory.mktemp("phone"), train_per_class=4, val_per_class=2,
+                                      photo=(240, 180))
+    for n, path in enumerate(sorted(root.glob("*/*/*.jpg"))):
+        tag_orientation(path, 6 if n % 3 == 0 else 1 + n % 8)  # a third of them 6, the common one
+    return root
+
+
+@pytest.mark.parametrize("recipe", ["crop_flip", "imagenet"])
+def test_exif_rotated_photos_give_the_pixels_of_a_cpu_decoded_run(phone_photos, recipe):
+    """torchcodec turns a JPEG upright by its EXIF orientation; the CPU path keeps pixels as stored (decode.py). The
+    device path undoes the turn before its crops, so the boxes drawn on the stored size land on the same pixels: no
+    rotated, squashed or mirrored image, and no empty slice with imagenet's RandomResizedCrop. Decoded whole on both
+    paths (no DCT scaling): the same pixels, bit for bit."""
+    common = (f"augment={recipe}", "data.batch_size=8", "data.drop_last=false", "data.scaled_decode=false")
+    cpu, cpu_val, _ = epoch(config(phone_photos, *common, "data.num_workers=0"))
+    device, device_val, _ = epoch(config(phone_photos, *common, "data.num_workers=2", "data.decode=device"))
+    assert len(cpu) == len(device) == 5 and len(cpu_val) == len(device_val) == 3
+    for (a, labels_a, _, _), (b, labels_b, _, fallbacks) in zip(cpu, device, strict=True):
+        assert torch.equal(labels_a, labels_b) and fallbacks == 0, "decoded by torchcodec, not the CPU fallback"
+        assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(cpu_val, device_val, strict=True))

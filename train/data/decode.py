@@ -6,7 +6,12 @@ skipping most of that work. `decode_image_file(data, min_side)` picks the smalle
 still >= `min_side` (the size the transforms resize the shorter side to), so the resize after it still shrinks and
 the result is as sharp as the full decode's. JPEGs go through simplejpeg (libjpeg-turbo's TurboJPEG API; bench/decode.py
 compares it with torchvision's decoder); what it cannot convert to RGB (CMYK) and other formats go through PIL.
-Neither applies EXIF orientation: pixels come as stored (tests/test_decode.py pins it).
+
+Neither applies EXIF orientation: pixels come as stored (tests/test_decode.py pins it), as torchvision's and timm's
+PIL loaders give them, so a model trains on what the usual pipelines (and published ImageNet recipes) feed it, and
+the packed format, the sample cache and the DCT-scaled sizes all hold one geometry: the header's. torchcodec, which
+data.decode=device uses, turns each JPEG upright by its tag with no switch to stop it; `exif_orientation` reads the
+tag so that path can undo the turn (encoded.py) and give a CPU-decoded run's pixels.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from PIL import Image
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 UNREADABLE = (OSError, ValueError, RuntimeError)  # what decoding a broken file raises (PIL, libjpeg-turbo, torch)
+EXIF_ORIENTATION = 0x0112  # the EXIF tag: 1 as stored, 2-8 the mirrorings and quarter turns that display it upright
 SCALES = (8, 4, 2)  # the power-of-two DCT scalings; libjpeg's other M/8 factors decode slower than whole
 
 
@@ -59,3 +65,16 @@ def image_size(data: bytes) -> tuple[int, int]:
             pass
     with Image.open(io.BytesIO(data)) as image:
         return image.height, image.width
+
+
+def exif_orientation(data: bytes) -> int:
+    """A JPEG's EXIF orientation (2-8), read from its header through PIL as torchcodec reads it; 1 for one as stored,
+    without a valid tag, or not a JPEG (torchcodec decodes JPEGs alone)."""
+    if data[:3] != JPEG_MAGIC:
+        return 1
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            orientation = image.getexif().get(EXIF_ORIENTATION, 1)
+    except UNREADABLE:
+        return 1
+    return int(orientation) if orientation in range(1, 9) else 1

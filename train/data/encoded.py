@@ -7,6 +7,14 @@ would decode (transforms.DirectCompose; the DCT-scaled size where data.scaled_de
 alone: a device-decoded run crops the same boxes as a CPU-decoded one of the same seed, and a resumed run the same
 pixels. A file the device decoder refuses (not a JPEG, or one nvJPEG cannot decode) is decoded on the CPU instead and
 counted (`Batch.decode_fallbacks`).
+
+torchcodec turns every JPEG upright by its EXIF orientation (a phone photo tagged "rotate 90" comes out W x H), while
+the CPU path keeps pixels as stored (decode.py says why) and the boxes are drawn on the stored size. The worker reads
+the tag with the header; the decoder undoes the turn before anything else, so both paths crop the same pixels.
+
+The batch is placed in a few calls rather than a few per image (each a kernel launch or more on CUDA): the images of
+one size bound for one size go through one resize, the crops of one size (RandomResizedCrop) through another, the
+flipped crops through one flip.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from train.config import ConfigError
+from train.config import ConfigError, first_line
 from train.data.decode import JPEG_MAGIC, UNREADABLE, dct_scale, decode_image_file
 from train.data.plan import LoaderPlan
 from train.data.source import Offers
@@ -32,10 +40,24 @@ log = logging.getLogger(__name__)
 EMPTY_IMAGES = torch.empty(0, dtype=torch.uint8)  # an encoded batch's images, until the device decodes them
 
 # One sample's geometry, an int64 row: the stored size, the size the CPU path decodes at, the size its Resize gives
-# (the decoded size without one), the crop box in those coordinates, the output size, the flip, and whether the
-# pipeline resizes before it crops.
+# (the decoded size without one), the crop box in those coordinates, the output size, the flip, whether the
+# pipeline resizes before it crops, and the file's EXIF orientation (1: none).
 STORED_H, STORED_W, DECODED_H, DECODED_W, RESIZED_H, RESIZED_W, TOP, LEFT, CROP_H, CROP_W, OUT_H, OUT_W, FLIP, \
-    RESIZES = range(14)
+    RESIZES, ORIENTATION = range(15)
+
+RESIZE_GROUP = 32  # images resized in one call at most: larger stacks of full-size images fall out of a CPU's caches
+
+# What turns an image torchcodec decoded upright by EXIF orientation 2-8 (as PIL's ImageOps.exif_transpose does)
+# back to its stored pixels, on (C, H, W): the inverse of each mirroring or quarter turn.
+TO_STORED = {
+    2: lambda image: image.flip(-1),
+    3: lambda image: image.flip(-2, -1),
+    4: lambda image: image.flip(-2),
+    5: lambda image: image.transpose(-2, -1),
+    6: lambda image: image.rot90(1, (-2, -1)),  # shown turned 90 degrees clockwise: turned back
+    7: lambda image: image.flip(-2, -1).transpose(-2, -1),
+    8: lambda image: image.rot90(-1, (-2, -1)),
+}
 
 
 @dataclass(frozen=True)
@@ -95,9 +117,9 @@ class BoxPlan:
             flip, steps = steps[0].p, steps[1:]
         return None if steps else cls(resize, crop, flip)
 
-    def draw(self, stored: tuple[int, int], min_side: int | None) -> tuple[int, ...]:
-        """The geometry row of an image stored at `stored` (H, W), drawn from torch's RNG as the CPU pipeline draws
-        (the caller seeds it)."""
+    def draw(self, stored: tuple[int, int], min_side: int | None, orientation: int = 1) -> tuple[int, ...]:
+        """The geometry row of an image stored at `stored` (H, W) with EXIF `orientation`, drawn from torch's RNG as
+        the CPU pipeline draws (the caller seeds it)."""
         height, width = stored
         scale = dct_scale(width, height, min_side)
         decoded = (math.ceil(height / scale), math.ceil(width / scale))
@@ -115,7 +137,7 @@ class BoxPlan:
                 top, left = int(round((resized[0] - crop_h) / 2.0)), int(round((resized[1] - crop_w) / 2.0))
             box, out = (top, left, crop_h, crop_w), (crop_h, crop_w)
         flip = self.flip is not None and torch.rand(1).item() < self.flip
-        return (*stored, *decoded, *resized, *box, *out, int(flip), int(self.resize is not None))
+        return (*stored, *decoded, *resized, *box, *out, int(flip), int(self.resize is not None), orientation)
 
 
 class DeviceDecoder:
@@ -128,46 +150,90 @@ class DeviceDecoder:
         self.device, self.decode_jpeg = device, decode_jpeg
 
     def __call__(self, encoded: Encoded) -> tuple[torch.Tensor, int, list[int]]:
-        files = encoded.files()
+        files, rows = encoded.files(), encoded.geometry
         jpeg = [bytes(f[:3].numpy()) == JPEG_MAGIC for f in files]
         images: list[torch.Tensor | None] = [None] * len(files)
         batch = [i for i, is_jpeg in enumerate(jpeg) if is_jpeg]
         try:
             for i, image in zip(batch, self.decode_jpeg([files[i] for i in batch], device=self.device), strict=True):
-                images[i] = image
+                images[i] = as_stored(image, rows[i])
         except RuntimeError:  # one file the batched decoder refuses fails the batch: each on its own
             for i in batch:
                 with contextlib.suppress(RuntimeError):  # left None: decoded on the host below
-                    images[i] = self.decode_jpeg(files[i], device=self.device)
+                    images[i] = as_stored(self.decode_jpeg(files[i], device=self.device), rows[i])
         fallbacks, unreadable = 0, []
         for i, image in enumerate(images):
-            if image is None:  # not a JPEG, or refused: libjpeg-turbo / PIL on the host, whole
+            if image is None:  # not a JPEG, or refused: libjpeg-turbo / PIL on the host, whole, as stored
                 try:
                     images[i] = decode_image_file(files[i].numpy().tobytes()).to(self.device)
                     fallbacks += 1
                 except UNREADABLE as err:
                     log.warning("skipping unreadable sample %d of the batch (decode on the device): %s", i, err)
                     unreadable.append(i)
-        rows = encoded.geometry.tolist()
-        placed = [place(image, row) for image, row in zip(images, rows, strict=True) if image is not None]
-        return (torch.stack(placed) if placed else EMPTY_IMAGES.to(self.device)), fallbacks, unreadable
+        kept = [i for i, image in enumerate(images) if image is not None]
+        if not kept:
+            return EMPTY_IMAGES.to(self.device), fallbacks, unreadable
+        return place([images[i] for i in kept], rows[kept]), fallbacks, unreadable
 
 
-def place(image: torch.Tensor, row: list[int]) -> torch.Tensor:
-    """One decoded image (stored size) through its geometry row: resized as the CPU path resizes, cropped, flipped."""
-    stored, decoded, resized = (row[STORED_H], row[STORED_W]), (row[DECODED_H], row[DECODED_W]), \
-        (row[RESIZED_H], row[RESIZED_W])
-    top, left, crop_h, crop_w = row[TOP], row[LEFT], row[CROP_H], row[CROP_W]
-    if row[RESIZES]:  # the CPU path resizes what it decoded to `resized`: so does this, from the stored size
-        image = F.resize(image, list(resized), antialias=True)
-    elif decoded != stored:  # the CPU path decodes DCT-scaled and crops there: the same box at the stored size
-        scale_h, scale_w = stored[0] / decoded[0], stored[1] / decoded[1]
+def as_stored(image: torch.Tensor, row: np.ndarray) -> torch.Tensor | None:
+    """An image torchcodec decoded (upright by its EXIF orientation) as stored; None where that is not the stored
+    size (torchcodec read another tag than PIL did): the host decodes that file instead."""
+    orientation = int(row[ORIENTATION])
+    image = TO_STORED[orientation](image) if orientation in TO_STORED else image
+    return image if tuple(image.shape[-2:]) == (row[STORED_H], row[STORED_W]) else None
+
+
+def stored_box(row: list[int]) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of a row's crop in the image it is cut from: the resized one, or the stored one
+    where the CPU path crops a DCT-scaled decode (the same box, scaled to the stored size)."""
+    top, left, height, width = row[TOP], row[LEFT], row[CROP_H], row[CROP_W]
+    if not row[RESIZES] and (row[DECODED_H], row[DECODED_W]) != (row[STORED_H], row[STORED_W]):
+        scale_h, scale_w = row[STORED_H] / row[DECODED_H], row[STORED_W] / row[DECODED_W]
         top, left = round(top * scale_h), round(left * scale_w)
-        crop_h, crop_w = round(crop_h * scale_h), round(crop_w * scale_w)
-    image = image[:, top:top + crop_h, left:left + crop_w]
-    if (crop_h, crop_w) != (row[OUT_H], row[OUT_W]):  # RandomResizedCrop
-        image = F.resize(image, [row[OUT_H], row[OUT_W]], antialias=True)
-    return image.flip(-1) if row[FLIP] else image
+        height, width = round(height * scale_h), round(width * scale_w)
+    return top, left, height, width
+
+
+def resized_together(images: list[torch.Tensor], sizes: list[tuple[int, int] | None]) -> list[torch.Tensor]:
+    """`images` resized to `sizes` (None: kept), antialiased as the CPU path resizes: the images of one size bound
+    for one size stacked and resized in one call, RESIZE_GROUP at a time."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (image, size) in enumerate(zip(images, sizes, strict=True)):
+        if size is not None and tuple(image.shape[-2:]) != size:
+            groups.setdefault((tuple(image.shape), size), []).append(i)
+    out = list(images)
+    for (_, size), members in groups.items():
+        for start in range(0, len(members), RESIZE_GROUP):
+            chunk = members[start:start + RESIZE_GROUP]
+            stacked = torch.stack([images[i] for i in chunk]) if len(chunk) > 1 else images[chunk[0]][None]
+            for i, image in zip(chunk, F.resize(stacked, list(size), antialias=True), strict=True):
+                out[i] = image
+    return out
+
+
+def flipped_together(images: list[torch.Tensor], flips: list[int]) -> list[torch.Tensor]:
+    """`images` with those at `flips` mirrored left-right, stacked and flipped in one call (indexing the batch
+    instead would copy the indices to the device and wait for it)."""
+    out = list(images)
+    if flips:
+        for i, image in zip(flips, torch.stack([images[i] for i in flips]).flip(-1), strict=True):
+            out[i] = image
+    return out
+
+
+def place(images: list[torch.Tensor], rows: np.ndarray) -> torch.Tensor:
+    """Decoded images (stored orientation and size) through their geometry rows as the CPU path transforms each:
+    resized, cropped, resized to the output size (RandomResizedCrop), flipped; one uint8 batch (N, 3, OUT_H, OUT_W),
+    in a few calls per batch rather than a few per image."""
+    rows = rows.tolist()
+    images = resized_together(images, [(r[RESIZED_H], r[RESIZED_W]) if r[RESIZES] else None for r in rows])
+    crops = []
+    for image, row in zip(images, rows, strict=True):
+        top, left, height, width = stored_box(row)
+        crops.append(image[:, top:top + height, left:left + width])
+    crops = resized_together(crops, [(r[OUT_H], r[OUT_W]) for r in rows])
+    return torch.stack(flipped_together(crops, [i for i, r in enumerate(rows) if r[FLIP]]))
 
 
 def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device: torch.device) \
@@ -186,8 +252,13 @@ def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device:
     try:
         decoder = DeviceDecoder(device)
     except ImportError as err:
-        raise ConfigError(f"data.decode=device needs torchcodec ({err}): pip install -c constraints.txt torchcodec, "
-                          "or use data.decode=cpu") from err
+        raise ConfigError(f"data.decode=device needs torchcodec ({first_line(err)}): pip install -c constraints.txt "
+                          "torchcodec, or use data.decode=cpu") from err
+    except (OSError, RuntimeError) as err:  # its libraries load against torch's: another CUDA major, another ABI
+        cuda = torch.version.cuda or "none"
+        raise ConfigError(f"data.decode=device: torchcodec does not load ({first_line(err)}); it needs torch >= 2.11 "
+                          f"and a torchcodec built for torch's CUDA major (this torch: CUDA {cuda}), from the index "
+                          "torch came from; or use data.decode=cpu") from err
     train = sources[0]
     # the first shard alone where the source is sharded: a remote store is not read wholesale at start
     last = int(train.shard_starts[1]) if Offers.of(train).shard_starts else len(train)

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from train.data.activity import ActivityBoard
 from train.data.cache import SharedSampleCache
-from train.data.decode import UNREADABLE, image_size
+from train.data.decode import UNREADABLE, exif_orientation, image_size
 from train.data.encoded import BoxPlan, EncodedSample
 from train.data.loader import LoaderError
 from train.data.seeds import sample_seeds
@@ -132,9 +132,10 @@ class Samples(Dataset):
         return self.transform(image), int(label), index
 
     def _encoded(self, index: int) -> tuple[EncodedSample, int]:
-        """The encoded file with the box the transform would draw on the image the CPU path decodes, and its label."""
+        """The encoded file with the box the transform would draw on the image the CPU path decodes (as stored: the
+        EXIF orientation rides along for the device decoder to undo), and its label."""
         data, label = self.source.read_encoded(index)
-        box = self.encoded.draw(image_size(data), getattr(self.source, "min_side", None))
+        box = self.encoded.draw(image_size(data), getattr(self.source, "min_side", None), exif_orientation(data))
         return EncodedSample(data, box), int(label)
 
     def _load(self, index: int) -> tuple[torch.Tensor, int]:
