@@ -139,7 +139,7 @@ def finish(agents: list[subprocess.Popen]) -> list[str]:
 
 
 def final_weights(run_dir: Path) -> dict:
-    return checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST, torch.device("cpu"))["model"]
+    return checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST)["model"]
 
 
 @pytest.fixture(scope="module")

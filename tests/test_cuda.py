@@ -1,10 +1,10 @@
 """The CUDA paths, on a CUDA machine (`make gpu-check` runs `pytest -m cuda`); skipped here without one.
 
 The prefetcher's batches against the CPU path's, pinned batches and a copy that overlaps compute (profiler trace),
-no host sync in a training step (torch.cuda.set_sync_debug_mode), fp16's GradScaler skipping an inf step and holding
-the LR (the inf injected by a gradient hook the test installs), a real out-of-memory halving the micro-batch (memory
-capped with set_per_process_memory_fraction), channels_last reaching the model, and the GPU gauges. The mid-epoch
-resume on CUDA is in test_distributed.py.
+no host sync in a training step (torch.cuda.set_sync_debug_mode), nor in one after resuming AdamW, fp16's GradScaler
+skipping an inf step and holding the LR (the inf injected by a gradient hook the test installs), a real out-of-memory
+halving the micro-batch (memory capped with set_per_process_memory_fraction), channels_last reaching the model, and the
+GPU gauges. The mid-epoch resume on CUDA is in test_distributed.py.
 """
 
 from __future__ import annotations
@@ -113,6 +113,33 @@ def test_a_training_step_never_syncs_the_host(tiny_dataset, tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert steps >= 3
+
+
+def test_a_step_after_resuming_adamw_never_syncs_the_host(tiny_dataset, tmp_path):
+    """pytorch/pytorch#128208: Adam's `step` counters read onto the GPU make every step read each one back (an
+    `.item()` per parameter). Resumed from a checkpoint, they stay on the CPU, and a step runs with CUDA's sync debug
+    mode set to raise."""
+    if not torch.cuda.is_bf16_supported(including_emulation=False):
+        pytest.skip("no native bf16 on this GPU (fp16's GradScaler reads found-inf on the host by design)")
+    extra = ("trainer.precision=bf16", "optimizer=adamw", "trainer.max_steps=1")
+    first = trainer(tiny_dataset, tmp_path, *extra)
+    first.train_epoch()
+    first.save()
+    run = trainer(tiny_dataset, tmp_path, *extra)
+    run.resume(first.checkpoint_path)
+    adam = list(run.step.optimizer.state.values())
+    assert adam and all(not s["step"].is_cuda and s["exp_avg"].is_cuda for s in adam)
+    run.step.ddp.train()
+    run.data.set_epoch(0)
+    batches = iter(run.data.train)
+    run.step(next(batches))  # warm-up: cuDNN autotuning, first allocations
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            run.step(next(batches))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def test_grad_scaler_skips_a_step_with_inf_gradients_holds_the_lr_and_takes_the_next(tiny_dataset, tmp_path):

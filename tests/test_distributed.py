@@ -1,4 +1,5 @@
-"""Multi-process training under real torchrun (gloo on CPU): sharding, one run dir, and resume bit for bit.
+"""Multi-process training under real torchrun (gloo on CPU): sharding, one run dir, resume bit for bit, and
+validation on the BatchNorm statistics that are saved.
 
 The torchrun tests share one uninterrupted reference run and compare a run whose rank 1 is SIGKILLed mid-epoch
 (torchrun restarts the group) and a run stopped and started again with trainer.resume=auto against it.
@@ -25,6 +26,8 @@ from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, free_port, read
 from train import checkpoint
 from train.data import data_from_config
 from train.dist import DistEnv
+from train.engine import Trainer
+from train.model import build_model
 
 TRAIN, VAL = 240, 79  # per rank 120 = 6 batches of 20; 79 val images split 40/39, no padding
 EPOCHS, STEPS_PER_EPOCH = 2, 6
@@ -93,7 +96,7 @@ def flat(batches: list[list[int]]) -> list[int]:
 
 
 def final_checkpoint(run_dir: Path) -> dict:
-    return checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST, torch.device("cpu"))
+    return checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST)
 
 
 def final_model(run_dir: Path) -> dict:
@@ -200,6 +203,26 @@ def test_ranks_above_zero_write_nothing(tiny_dataset, tmp_path):
     written = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) if run_dir.exists() else []
     assert written == [], written
     assert "epoch 1/1" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_validation_under_ddp_uses_the_batchnorm_statistics_that_are_saved(dist_dataset, tmp_path):
+    """Each rank's BatchNorm statistics follow its own shard (broadcast_buffers=False) and best.pt holds rank 0's:
+    the val figures two ranks report must be a single process's evaluation of best.pt."""
+    args = ["hardware=cpu", f"data.root={dist_dataset}", "data.image_size=32", "data.batch_size=20",
+            "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=1", "trainer.precision=fp32",
+            "trainer.progress=false", "model._target_=tests.tiny_net.TinyNet", "logger=[]"]
+    ok(torchrun(args, tmp_path, timeout=240))
+    run_dir = only_run_dir(tmp_path)
+    reported = read_metrics(run_dir)[-1]
+    cfg = compose_config(args)
+    data = data_from_config(cfg, DistEnv(), torch.device("cpu"))
+    alone = Trainer.from_config(cfg, DistEnv(), torch.device("cpu"), data,
+                                build_model(cfg.model, data.num_classes, torch.device("cpu")), tmp_path)
+    record = alone.validate(checkpoint.checkpoint_dir(run_dir) / checkpoint.BEST)
+    assert record["val_samples"] == reported["val_samples"] == VAL
+    assert record["val_acc"] == reported["val_acc"]
+    assert record["val_loss"] == pytest.approx(reported["val_loss"], rel=1e-5, abs=0)
 
 
 def test_restart_resumes_from_the_run_dir(tmp_path):

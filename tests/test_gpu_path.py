@@ -101,7 +101,7 @@ def test_out_of_memory_on_one_rank_halves_the_micro_batch_on_every_rank_and_trai
     run_dir = only_run_dir(tmp_path)
     log = next(run_dir.glob("*.log")).read_text()
     assert "another rank ran out of memory" in log  # rank 0 adopted rank 1's size through the agreement
-    saved = checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST, CPU)
+    saved = checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST)
     assert saved["micro_batch"] == {"size": 5}  # 20 -> 10 -> 5, on rank 0 too, and kept for a resume
     assert_each_sample_once(run_dir, epochs=2, ranks=2, dataset_size=240, per_rank=120)
 

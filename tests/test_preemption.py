@@ -28,7 +28,7 @@ def args(root: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 def last_checkpoint(run_dir: Path) -> dict:
-    return checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST, torch.device("cpu"))
+    return checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST)
 
 
 def assert_same_weights(run_dir: Path, reference: Path) -> None:

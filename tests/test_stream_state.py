@@ -153,7 +153,7 @@ def test_checkpoint_holds_the_stateful_dataloader_state_and_resume_restores_it(t
 
     first = trainer(tmp_path / "a")
     first.train_epoch()  # stops after step 4 (max_steps); the checkpoint is from step 3
-    state = checkpoint.load(first.checkpoint_path, CPU)
+    state = checkpoint.load(first.checkpoint_path)
     first.data.train.close()
     assert state["progress"]["batch_in_epoch"] == 3
     assert len(state["loader"]["ranks"]) == 1  # one stream state per rank

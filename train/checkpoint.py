@@ -190,13 +190,13 @@ class UnsafeFile(ConfigError):
     """A file whose unpickling would import and call something other than tensors and plain containers."""
 
 
-def read_weights_only(path: Path, key: str, map_location: torch.device | str = "cpu", mmap: bool = False):
-    """torch.load with weights_only=True: tensors, numbers, strings and containers only, so a downloaded file cannot
-    run code. A file that needs anything else is refused in one line naming `key`, the file and what it would load;
-    any other unreadable file raises `ConfigError` with torch's reason in one line. `mmap`: map the tensors'
-    bytes instead of reading them (a probe of the file's structure)."""
+def read_weights_only(path: Path, key: str, mmap: bool = False):
+    """torch.load onto the CPU with weights_only=True: tensors, numbers, strings and containers only, so a downloaded
+    file cannot run code. A file that needs anything else is refused in one line naming `key`, the file and what it
+    would load; any other unreadable file raises `ConfigError` with torch's reason in one line. `mmap`: map the
+    tensors' bytes instead of reading them (a probe of the file's structure)."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+)", str(err))  # a pickle that imports something: the way code runs on load
         if found is None:
@@ -217,10 +217,14 @@ def unreadable_reason(err: BaseException) -> str:
     return first_line(err)
 
 
-def load(path: Path, device: torch.device) -> dict:
-    """The saved states by part name; a file that is not a loadout checkpoint of this format fails in one line."""
+def load(path: Path) -> dict:
+    """The saved states by part name, on the CPU; a file that is not a loadout checkpoint of this format fails in one
+    line. Never onto the GPU: `load_state_dict` copies the weights into the model and moves the optimizer's moments
+    to their parameters' device, while Adam's `step` counters stay on the CPU, where torch keeps them (read onto the
+    GPU they cost one host sync per parameter every step: pytorch/pytorch#128208), and no second copy of the
+    checkpoint sits beside the live model in GPU memory."""
     try:
-        state = read_weights_only(path, "trainer.resume", device)
+        state = read_weights_only(path, "trainer.resume")
     except UnsafeFile:
         raise
     except ConfigError as err:
@@ -231,3 +235,13 @@ def load(path: Path, device: torch.device) -> dict:
         raise ConfigError(f"trainer.resume: {path} has checkpoint format {found}, this loadout reads format "
                           f"{FORMAT}: finish that run with the loadout that wrote it, or use trainer.resume=null")
     return state
+
+
+def load_model(model: torch.nn.Module, state: dict, path: Path, name: str) -> None:
+    """`state`'s weights (a checkpoint's, from `load`) copied into `model` on its device; a checkpoint of another
+    model than `name` fails in one line."""
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise ConfigError(f"trainer.resume: {path} holds another model than {name} ({str(err).splitlines()[0]})") \
+            from err

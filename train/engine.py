@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from train import checkpoint
 from train.build import instantiate
-from train.config import ConfigError, TrainerConfig
+from train.config import TrainerConfig
 from train.console import Console
 from train.data import DataPipeline
 from train.data.augment import Recipe
@@ -26,6 +26,7 @@ from train.data.stream import LoaderPositions
 from train.dist import DistEnv, any_rank, barrier
 from train.epoch_batches import EpochBatches, batches_per_epoch
 from train.metrics import EpochMeter, append_jsonl, epoch_line, reduce_over_ranks
+from train.micro_batch import said_in_one_line
 from train.monitoring import Monitor
 from train.nonfinite import Diverged
 from train.profiling import StepProfiler
@@ -108,13 +109,13 @@ class Trainer:
 
     def resume(self, path: Path) -> None:
         """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
-        state = checkpoint.load(path, self.device)
+        state = checkpoint.load(path)  # on the CPU: load_state_dict moves what belongs on the device
         progress, saved = Progress(**state["progress"]), Plan(**state["plan"])
         tc = self.tc
         self.plan.check_continues(saved, progress, path)
         parts = self.parts()
         del parts["plan"]  # this run's plan stands; the saved one was checked above
-        self.load_model(parts.pop("model"), state, path)
+        checkpoint.load_model(parts.pop("model"), state, path, self.model_name)
         self.step.load_scaler(state.get("scaler", {}))  # from any device and precision
         del parts["scaler"]
         for name in ("micro_batch", "trackers"):  # written before trainer.micro_batch_size / the logger group
@@ -137,13 +138,6 @@ class Trainer:
         if progress.epoch >= tc.epochs:
             log.info("the run in %s is complete (trainer.epochs=%d): raise trainer.epochs to train it further",
                      path, tc.epochs)
-
-    def load_model(self, model: torch.nn.Module, state: dict, path: Path) -> None:
-        try:
-            model.load_state_dict(state["model"])
-        except RuntimeError as err:
-            raise ConfigError(f"trainer.resume: {path} holds another model than {self.model_name} "
-                              f"({str(err).splitlines()[0]})") from err
 
     # -- loop ------------------------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -224,10 +218,12 @@ class Trainer:
         raise Stopped(signum, self.progress.epoch, self.progress.batch_in_epoch)
 
     def _batches(self, batches: Iterable[Batch], meter: EpochMeter, desc: str, total: int) -> Iterator[Batch]:
-        """Batches on the device, timed by `meter`, a dead or stuck worker an error naming it (`data.explained`)."""
-        for batch in self.console.track(self.data.explained(batches), desc, total):
-            meter.waited()
-            yield batch
+        """Batches on the device, timed by `meter`, a dead or stuck worker an error naming it (`data.explained`),
+        running out of memory on the way (the prefetcher's copy, decode, conversion) a step's one line."""
+        with said_in_one_line(self.step.micro_batch, self.device, " preparing a batch on the device"):
+            for batch in self.console.track(self.data.explained(batches), desc, total):
+                meter.waited()
+                yield batch
 
     def train_epoch(self) -> dict:
         tc = self.tc
@@ -250,7 +246,7 @@ class Trainer:
             self.progress.step += updated
             # no .item(): the GPU is not synced every step
             meter.stepped(len(batch), loss, batch.bad, batch.decode_fallbacks,
-                          *((self.step.grad_norm, self.step.scheduler.get_last_lr()[0]) if updated else ()))
+                          *((self.step.grad_norm, self.step.lr) if updated else ()))
             self.monitor.on_step(self.progress.step, meter)
             if not updated:
                 continue
@@ -270,8 +266,8 @@ class Trainer:
 
     def validate(self, path: Path) -> dict:
         """trainer.mode=validate: the checkpoint's weights on the val split; one metrics row."""
-        state = checkpoint.load(path, self.device)
-        self.load_model(self.step.model, state, path)
+        state = checkpoint.load(path)
+        checkpoint.load_model(self.step.model, state, path, self.model_name)
         record = {"mode": "validate", "checkpoint": str(path), "epoch": state["progress"]["epoch"],
                   **self.evaluate()}
         if self.env.is_main:
@@ -282,4 +278,5 @@ class Trainer:
 
     def evaluate(self) -> dict:
         batches = self._batches(self.batches.val(), EpochMeter(self.device), "val", self.batches.val_batches)
-        return self.step.evaluate_all(batches)
+        with said_in_one_line(self.step.micro_batch, self.device, " in evaluation"):
+            return self.step.evaluate_all(batches)

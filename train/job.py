@@ -12,7 +12,6 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -22,7 +21,7 @@ from train.config import ConfigError, drop_worker_knobs, validate
 from train.credentials import mask_credentials_in_files, mask_credentials_in_logs, without_credentials
 from train.data.loader import LoaderError
 from train.dist import DistEnv
-from train.micro_batch import OutOfMemory
+from train.micro_batch import OutOfMemory, is_out_of_memory
 from train.nonfinite import Diverged
 from train.peers import Heartbeat, LostPeer, collective_error, is_collective_failure
 from train.run_record import shown_path, where_it_wrote, write_plan
@@ -146,8 +145,10 @@ def main(cfg: DictConfig) -> None:
         fail(err, CONFIG_EXIT)
     except no_retry.RetryRefused as err:
         fail(err, err.status)
-    except (OutOfMemory, torch.OutOfMemoryError) as err:
-        if not isinstance(err, OutOfMemory):  # outside a train step (model, evaluation): torch's first line
+    except (OutOfMemory, RuntimeError) as err:
+        if not isinstance(err, OutOfMemory) and not is_out_of_memory(err):
+            raise
+        if not isinstance(err, OutOfMemory):  # outside the loop (building the model): torch's first line
             err = f"out of memory: {str(err).splitlines()[0]}; lower data.batch_size or the model's size"
         no_retry.note(run_dir, as_given, OUT_OF_MEMORY_EXIT, str(err))
         fail(err, OUT_OF_MEMORY_EXIT)

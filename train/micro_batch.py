@@ -1,18 +1,35 @@
-"""trainer.micro_batch_size: the slice of the optimizer's batch one forward/backward runs, and running out of memory."""
+"""trainer.micro_batch_size: the slice of the optimizer's batch one forward/backward runs, and running out of memory.
+
+Out of memory is more than torch.OutOfMemoryError: cuDNN and cuBLAS allocate their workspaces outside PyTorch's
+caching allocator and report a failed allocation as a plain RuntimeError, so those messages count too (as Lightning's
+`is_oom_error` counts them).
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 log = logging.getLogger(__name__)
 
+OUT_OF_MEMORY_TEXTS = ("CUDA out of memory", "CUDA error: out of memory", "CUDNN_STATUS_ALLOC_FAILED",
+                       "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch's own out-of-memory error, or a CUDA library's failed allocation."""
+    return isinstance(err, torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and any(text in str(err) for text in OUT_OF_MEMORY_TEXTS))
+
 
 class OutOfMemory(Exception):
-    """The step ran out of device memory and could not go on (no smaller micro-batch, or mid gradient sync)."""
+    """The run ran out of device memory and could not go on: in a step with no smaller micro-batch or mid gradient
+    sync, or `during` another stage (evaluation, a batch's way onto the device), where micro-batches do not shrink."""
 
-    def __init__(self, device: torch.device, batch_size: int, micro_batch_size: int, auto: bool):
+    def __init__(self, device: torch.device, batch_size: int, micro_batch_size: int, auto: bool, during: str = ""):
         self.device, self.batch_size, self.micro_batch_size = device, batch_size, micro_batch_size
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device) / 2**30
@@ -21,11 +38,11 @@ class OutOfMemory(Exception):
             memory = f"peak {peak:.1f} GiB allocated, {reserved:.1f} GiB reserved of {total:.1f} GiB on {device}"
         else:
             memory = f"on {device}"
-        fix = ("lower data.batch_size (per GPU) or the model's size" if auto and micro_batch_size == 1 else
-               "set trainer.micro_batch_size=auto (the same optimizer batch, run in slices that fit) or lower "
+        fix = ("lower data.batch_size (per GPU) or the model's size" if auto and (micro_batch_size == 1 or during)
+               else "set trainer.micro_batch_size=auto (the same optimizer batch, run in slices that fit) or lower "
                "data.batch_size")
-        super().__init__(f"out of memory: data.batch_size={batch_size}, micro-batch {micro_batch_size}, {memory}; "
-                         f"{fix}")
+        super().__init__(f"out of memory{during}: data.batch_size={batch_size}, micro-batch {micro_batch_size}, "
+                         f"{memory}; {fix}")
 
 
 class MicroBatch:
@@ -56,3 +73,14 @@ class MicroBatch:
     def load_state_dict(self, state: dict) -> None:
         if self.auto and state.get("size"):
             self.size = min(int(state["size"]), self.batch_size)
+
+
+@contextmanager
+def said_in_one_line(micro: MicroBatch, device: torch.device, during: str) -> Iterator[None]:
+    """Out of memory `during` (" in evaluation") becomes `OutOfMemory`: a step's one line and exit status."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not is_out_of_memory(err):
+            raise
+        raise OutOfMemory(device, micro.batch_size, micro.size, micro.auto, during) from err

@@ -80,3 +80,13 @@ def allow_tf32(device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def load_scaler(scaler: torch.amp.GradScaler, state: dict, precision: str) -> None:
+    """A GradScaler state from any run: one saved by a disabled scaler (a CPU, bf16 or fp32 run) or loaded into a
+    disabled one (this run's `precision` needs none) leaves `scaler` as it starts, with one log line."""
+    if scaler.is_enabled() and state:
+        scaler.load_state_dict(state)
+    elif scaler.is_enabled() or state:
+        log.info("trainer.precision=%s: the checkpoint's loss-scaler state does not apply here (it was written %s); "
+                 "the scaler starts fresh", precision, "without one" if not state else "by an fp16 run")

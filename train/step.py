@@ -10,7 +10,8 @@ Micro-batches (trainer.micro_batch_size): the loader's batch is the optimizer's 
 in slices, each slice's loss weighted by its share, so the gradient is the whole batch's. With `auto` a slice that
 runs out of GPU memory frees the step's state, halves the slice and runs the same batch again; the ranks agree on
 the smallest slice through the loop's control all-reduce (engine.py). A batch with no readable sample still runs
-its (empty) forward and backward under DDP, so every rank takes part in every gradient all-reduce.
+its (empty) forward and backward under DDP, so every rank takes part in every gradient all-reduce. BatchNorm in
+training normalises each slice by the slice's own statistics: exact only without it, noisier the smaller the slice.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from train import precision
+from train.buffers import broadcast_from_rank0
 from train.build import instantiate
+from train.compiled import CompiledModel
 from train.config import TrainerConfig
 from train.data.augment import BatchMix
 from train.data.batch import Batch
 from train.dist import DistEnv, all_reduce_sum
-from train.micro_batch import MicroBatch, OutOfMemory
+from train.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory
 from train.nonfinite import SCALE_FLOOR, Diverged, NonFiniteWatch
 
 log = logging.getLogger(__name__)
@@ -62,11 +65,11 @@ class TrainStep:
                 warnings.filterwarnings("ignore", "`broadcast_buffers` is deprecated", FutureWarning)
                 self.ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
                                                    broadcast_buffers=False, gradient_as_bucket_view=True)
-        self.compiled = torch.compile(self.ddp, mode=None if tc.compile_mode == "default" else tc.compile_mode,
-                                      dynamic=False) if tc.compile else None
+        self.compiled = CompiledModel(self.ddp, tc.compile_mode) if tc.compile else None
         self.optimizer = optimizer(model.parameters())
         self.make_scheduler = schedule
         self.scheduler = self.plan_schedule(0)
+        self.lr = self.optimizer.param_groups[0]["lr"]  # the last optimizer step's (the scheduler is one step on)
         self.scaler = precision.grad_scaler(device, self.precision)
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=tc.label_smoothing)
@@ -100,15 +103,9 @@ class TrainStep:
                 "micro_batch": self.micro_batch}
 
     def load_scaler(self, state: dict) -> None:
-        """A GradScaler state from any run: one saved by a disabled scaler (a CPU, bf16 or fp32 run) or loaded into
-        one leaves this run's scaler as it starts, with one log line."""
-        if self.scaler.is_enabled() and state:
-            self.scaler.load_state_dict(state)
-            self._scale = self.scaler.get_scale()
-        elif self.scaler.is_enabled() or state:
-            log.info("trainer.precision=%s: the checkpoint's loss-scaler state does not apply here (it was written "
-                     "%s); the scaler starts fresh", self.precision,
-                     "without one" if not state else "by an fp16 run")
+        """A GradScaler state from any run (precision.load_scaler)."""
+        precision.load_scaler(self.scaler, state, self.precision)
+        self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
 
     def _forward(self, images: torch.Tensor) -> torch.Tensor:
         """The compiled model for full slices, the eager one for shorter ones (a batch with unreadable samples, the
@@ -145,8 +142,9 @@ class TrainStep:
             try:
                 loss = self._forward_backward(images, targets, update)
                 break
-            except torch.OutOfMemoryError:
-                pass  # handled outside the except block, so the failed step's tensors are free to go
+            except RuntimeError as err:  # handled outside the except block: the failed step's tensors can go
+                if not is_out_of_memory(err):  # torch's OutOfMemoryError, cuDNN's or cuBLAS's failed allocation
+                    raise
             self._recover(len(batch))
         # fp16: an overflow is the GradScaler's to skip; skip: the update checks its gradients
         self.watch.note(loss, flag=self.precision != "fp16" and not self.skip_nonfinite)
@@ -195,6 +193,7 @@ class TrainStep:
         else:
             self.optimizer.step()
             stepped = True
+        self.lr = self.optimizer.param_groups[0]["lr"]  # before the scheduler moves it on to the next step's
         self.optimizer.zero_grad(set_to_none=True)
         if stepped:  # a skipped step (non-finite gradients) leaves the learning rate where it was
             self.scheduler.step()
@@ -229,9 +228,10 @@ class TrainStep:
             self.micro = 0
 
     def evaluate_all(self, batches: Iterable[Batch]) -> dict:
-        """val_loss, val_acc, val_top5 and val_samples over `batches`, summed over all ranks (each sample counted
-        once); the device is read once, after the last batch."""
+        """val_loss, val_acc, val_top5 and val_samples over `batches` on rank 0's buffers (buffers.py), summed over
+        all ranks (each sample counted once); the device is read once, after the last batch."""
         self.ddp.eval()
+        broadcast_from_rank0(self.model)
         sums, count = torch.zeros(3, dtype=torch.float64, device=self.device), 0
         for batch in batches:
             if len(batch):
