@@ -235,7 +235,9 @@ def test_wandb_offline_run_is_continued_by_a_resume(tiny_dataset, tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     first = run_cli(args(tiny_dataset, run_dir, "logger=[wandb]", "trainer.max_steps=5"), cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run_cli(args(tiny_dataset, run_dir, "logger=[wandb]", "trainer.resume=auto"), cwd=tmp_path, env=env)
+    # the resume keeps the run's saved config, max_steps=5 included: lifted here to finish the run
+    second = run_cli(args(tiny_dataset, run_dir, "logger=[wandb]", "trainer.resume=auto", "trainer.max_steps=null"),
+                     cwd=tmp_path, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
 
     files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -305,3 +307,73 @@ def test_an_old_key_is_refused_naming_its_replacement(old, named):
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"error: {old.split('=')[0]}: renamed; {named}"), line
+
+
+def without_tracker_env(home: Path) -> dict:
+    """This environment with no W&B or MLflow setting in it and HOME at `home` (no ~/.netrc, no settings files)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("WANDB_", "MLFLOW_"))}
+    return {**env, "HOME": str(home), "PYTHONPATH": str(ROOT)}
+
+
+def test_wandb_without_a_key_or_mode_fails_at_start_in_one_line_and_never_prompts(tiny_dataset, tmp_path):
+    """On a terminal (stdin, stdout and stderr a pty) W&B would ask "Enter your choice" mid-epoch; the run refuses
+    at start instead, saying what to set, before any figure."""
+    import pty
+
+    home = tmp_path / "home"
+    home.mkdir()
+    main, side = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "train", *args(tiny_dataset, tmp_path / "run", "logger=[wandb]")],
+                            cwd=tmp_path, env=without_tracker_env(home), stdin=side, stdout=side, stderr=side)
+    os.close(side)
+    out = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the pty's other side closed: the process ended
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert proc.wait(timeout=30) == 2
+    text = out.decode(errors="replace")
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "WANDB_API_KEY" in errors[0] and "WANDB_MODE=offline" in errors[0], text
+    assert "Enter your choice" not in text and "Traceback" not in text, text
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "wandb").exists()
+
+
+def test_mlflow_without_a_tracking_uri_keeps_its_store_in_the_run_dir(tiny_dataset, tmp_path):
+    """MLflow's own default is mlflow.db (and mlruns/) in the working directory; here it is the run dir's."""
+    from mlflow import MlflowClient
+
+    run_dir, cwd = tmp_path / "run", tmp_path / "cwd"
+    cwd.mkdir()
+    result = subprocess.run([sys.executable, "-m", "train", *args(tiny_dataset, run_dir, "logger=[mlflow]",
+                                                                  "trainer.epochs=1", "trainer.max_steps=3")],
+                            cwd=cwd, env=without_tracker_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in cwd.iterdir()) == []  # no mlflow.db, mlruns/ or mlartifacts/ where it started
+    store = f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"
+    log = result.stdout + result.stderr
+    assert log.count(store) == 1 and "INFO mlflow" not in log, log  # said once, with how to look at it
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("loadout").experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "epoch/val_acc")] == [3]
+
+
+def test_tensorboard_gets_the_config_text_at_the_first_logged_step(tiny_dataset, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    result = run_cli(args(tiny_dataset, run_dir, "logger=[tensorboard]", "trainer.epochs=1", "trainer.max_steps=3"),
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = EventAccumulator(str(run_dir), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    first = min(event.step for tag in events.Tags()["scalars"] for event in events.Scalars(tag))
+    (config,) = events.Tensors("config/text_summary")
+    assert config.step == first > 0
+    assert "data.batch_size: 16" in config.tensor_proto.string_val[0].decode()

@@ -88,4 +88,4 @@ def test_pin_memory_without_cuda_warns_and_trains(small_run_args, tmp_path):
     result = run_cli([*small_run_args, "data.num_workers=0", "data.persistent_workers=false",
                       "data.pin_memory=true", "trainer.max_steps=2", "trainer.epochs=1"])
     assert result.returncode == 0, result.stderr
-    assert "data.pin_memory=true without CUDA" in result.stderr
+    assert "data.pin_memory=true without CUDA" in result.stdout + result.stderr

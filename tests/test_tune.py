@@ -150,9 +150,9 @@ def test_pick_best_respects_budget_and_prefers_less_memory_when_as_fast():
 
 def test_default_sweep_follows_the_cores():
     assert default_sweep(cores=2, cuda=False) == \
-        "data.num_workers=0,1,2 data.pin_memory=false data.persistent_workers=true,false"
-    assert default_sweep(cores=16, cuda=True).startswith(
-        "data.num_workers=0,1,2,3,4,6,8,10,12,14,16 data.pin_memory=true,false")
+        "data.num_workers=0,1,2 data.prefetch_factor=2,4 data.pin_memory=false"
+    assert default_sweep(cores=16, cuda=True) == \
+        "data.num_workers=0,1,2,3,4,6,8,10,12,14,16 data.prefetch_factor=2,4 data.pin_memory=true,false"
     assert default_sweep(cores=7, cuda=False).startswith("data.num_workers=0,1,2,3,4,5,6,7 ")  # 0.75 x 7 = 5
     assert default_sweep(cores=64, cuda=False).startswith("data.num_workers=0,1,2,3,4,12,20,28,36,44,48,52,60,64 ")
 
@@ -188,3 +188,18 @@ def test_profile_path_default_is_in_the_config_tree():
     from train.tune.profile import DEFAULT_PROFILE
 
     assert Path(__file__).resolve().parents[1] / "conf" / "hardware" / "local.yaml" == DEFAULT_PROFILE
+
+
+def test_sweep_in_a_log_is_a_clean_table(tiny_dataset, tmp_path):
+    """stderr piped (a log, not a terminal) with the bars on (trainer.progress's default): no bar debris, the
+    table's rows, and little else."""
+    args = [arg for arg in TINY if arg != "trainer.progress=false" and not arg.startswith("tune.")]
+    proc = run_cli(["-m", *args, f"data.root={tiny_dataset}", "data.num_workers=0", "data.prefetch_factor=2,4",
+                    "tune.repeats=1", "tune.warmup_batches=1", "tune.batches=2", "tune.plot=false",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}"], module="train.tune")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert "\r" not in log and "it/s" not in log and "%|" not in log, log
+    rows = [line for line in proc.stdout.splitlines() if re.match(r"\s+[01]\s+0\s", line)]
+    assert len(rows) == 2 and "duplicate (= job 0)" in rows[1], proc.stdout  # prefetch means nothing without workers
+    assert len(log.splitlines()) < 20, log

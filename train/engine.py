@@ -141,8 +141,7 @@ class Trainer:
 
     # -- loop ------------------------------------------------------------------------------------------------
     def done(self) -> bool:
-        limit = min(self.plan.total_steps, self.tc.max_steps or self.plan.total_steps)
-        return self.progress.step >= limit
+        return self.progress.step >= self.plan.last_step(self.tc.max_steps)
 
     def fit(self) -> list[dict]:
         if self.tc.profiler.enabled:
@@ -169,7 +168,7 @@ class Trainer:
             self._call("on_epoch_end", record)
             if self.env.is_main:
                 append_jsonl(self.metrics_path, record)
-                log.info("%s", epoch_line(record, tc.epochs))
+                log.info("%s", epoch_line(record, tc.epochs, tc.max_steps))
             if self.progress.epoch < tc.epochs and not self.done():
                 self.stop_if_asked()  # a signal during validation: stop before the next epoch starts
         return records
@@ -235,7 +234,8 @@ class Trainer:
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
         # remaining == 0: resumed from a checkpoint taken after the epoch's last batch, before its validation
         batches = self.batches.train(self.progress.batch_in_epoch) if remaining > 0 else ()  # no loader started
-        for batch in self._batches(batches, meter, desc, remaining):
+        shown = self.plan.batches_left(self.progress, self.batches.per_epoch, tc.grad_accum_steps, tc.max_steps)
+        for batch in self._batches(batches, meter, desc, shown):  # the bar counts to max_steps where it comes first
             self.progress.batch_in_epoch += 1
             self._call("on_train_batch", batch)
             # a batch with no readable sample still steps under DDP: every rank joins every gradient all-reduce
@@ -250,7 +250,7 @@ class Trainer:
             self.monitor.on_step(self.progress.step, meter)
             if not updated:
                 continue
-            self.console.stepped(desc, meter, self.progress.step, self.plan.total_steps)
+            self.console.stepped(desc, meter, self.progress.step, self.plan.last_step(tc.max_steps))
             if self.profiler is not None:
                 self.profiler.step()
             self.agree()

@@ -66,7 +66,7 @@ EPOCH = _table(
     Metric("val_acc", "Validation accuracy after the epoch", "loadout_val_accuracy", "val_acc {:.3f}"),
     Metric("val_top5", "Validation top-5 accuracy after the epoch", "loadout_val_top5_accuracy", "top5 {:.3f}"),
     Metric("val_samples", "Validation samples counted (each once over all ranks)"),
-    Metric("lr", "Learning rate at the epoch's end", shown="lr {:.3g}"),
+    Metric("lr", "Learning rate the epoch's last optimizer step used", shown="lr {:.3g}"),
     Metric("grad_norm", "Mean total gradient norm of the epoch's optimizer steps (before clipping)",
            shown="grad_norm {:.3g}"),
     Metric("images_per_s", "Training images/s over the epoch, all ranks", shown="{:.0f} img/s"),
@@ -122,11 +122,15 @@ def memory_figures(sampler: MemorySampler, sample) -> dict[str, float | None]:
     }
 
 
-def epoch_line(record: dict, epochs: int) -> str:
-    """The epoch's log line: each `EPOCH` figure with a format, in the table's order, those in `record`."""
+def epoch_line(record: dict, epochs: int, max_steps: int | None = None) -> str:
+    """The epoch's log line: each `EPOCH` figure with a format, in the table's order, those in `record`; an epoch
+    that trainer.max_steps cut short says so, or its figures read as a whole epoch's."""
     shown = [metric.shown.format(record[key]) for key, metric in EPOCH.items() if metric.shown and key in record
              and (metric.shown_when_zero or record[key])]
-    return f"epoch {record['epoch']}/{epochs}  " + "  ".join(shown)
+    cut = ""
+    if record.get("epoch_complete") is False:
+        cut = f" (cut at max_steps={max_steps})" if max_steps else " (cut short by trainer.max_steps)"
+    return f"epoch {record['epoch']}/{epochs}{cut}  " + "  ".join(shown)
 
 
 
@@ -146,7 +150,7 @@ class EpochMeter:
     bad_samples: int = 0
     decode_fallbacks: int = 0
     updates: int = 0  # optimizer steps
-    lr: float | None = None  # after the last optimizer step
+    lr: float | None = None  # the last optimizer step's
     _loss_sum: torch.Tensor | float = 0.0  # kept on the loss's device: no sync per step
     _grad_norm_sum: torch.Tensor | float = 0.0  # likewise
     _mark: float = 0.0

@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import re
 import typing
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -27,8 +28,9 @@ def check_command_line(overrides: list[str], config_name: str = "config") -> Dic
     from hydra.errors import HydraException, MissingConfigException
 
     register()
+    searched = _search_dirs(overrides)
     for override in overrides:
-        _check_group_option(override)
+        _check_group_option(override, searched)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         try:
             return compose(config_name=config_name, overrides=overrides)
@@ -65,14 +67,31 @@ def _closest(key: str, known: list[str]) -> str:
     return hint
 
 
-def _check_group_option(override: str) -> None:
-    """`debug=fast`, `logger=[tensorboard,wandbb]`: every option named must be a conf/<group>/<option>.yaml."""
+def _search_dirs(overrides: list[str]) -> list[Path] | None:
+    """The `file://` folders a `hydra.searchpath=[...]` override adds (their groups' options count too); None when
+    it adds one that is not a folder (`pkg://`), whose options cannot be listed here."""
+    dirs: list[Path] = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") != "hydra.searchpath":
+            continue
+        for entry in filter(None, (part.strip().strip("'\"") for part in value.strip().strip("[]").split(","))):
+            if not entry.startswith("file://"):
+                return None
+            dirs.append(Path(entry.removeprefix("file://")))
+    return dirs
+
+
+def _check_group_option(override: str, searched: list[Path] | None) -> None:
+    """`debug=fast`, `logger=[tensorboard,wandbb]`: every option named must be a conf/<group>/<option>.yaml, or one
+    in a folder `hydra.searchpath` adds."""
     key, sep, value = override.partition("=")
     group = key.lstrip("+~").split("@", 1)[0]
-    if not sep or "." in group or not (CONF / group).is_dir():
+    if not sep or "." in group or not (CONF / group).is_dir() or searched is None:
         return
     for name in filter(None, (part.strip() for part in value.strip().strip("[]").split(","))):
-        if name != "null" and name not in options(group):
+        if name != "null" and name not in options(group) and not any(
+                (folder / group / f"{name}.yaml").is_file() for folder in searched):
             raise ConfigError(_unknown_option(group, name))
 
 

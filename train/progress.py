@@ -48,6 +48,18 @@ class Plan(Record):
         and resumed later follows the same schedule."""
         return self.epochs * self.steps_per_epoch
 
+    def last_step(self, max_steps: int | None) -> int:
+        """The optimizer step the run ends at: the schedule's end, or trainer.max_steps when that comes first."""
+        return min(self.total_steps, max_steps or self.total_steps)
+
+    def batches_left(self, progress: Progress, batches_per_epoch: int, grad_accum_steps: int,
+                     max_steps: int | None) -> int:
+        """Batches this epoch will train from `progress`: the rest of the epoch, or fewer where max_steps ends the
+        run first (what a progress bar and its ETA count)."""
+        rest = batches_per_epoch - progress.batch_in_epoch
+        steps_left = self.last_step(max_steps) - progress.step
+        return max(0, min(rest, steps_left * grad_accum_steps - progress.batch_in_epoch % grad_accum_steps))
+
     def check_continues(self, saved: Plan, progress: Progress, path: Path) -> None:
         """This run can continue a checkpoint planned as `saved` and stopped at `progress`; else one line."""
         reached = progress.epoch + (progress.batch_in_epoch > 0)  # epochs begun

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -62,8 +61,7 @@ def num_workers_for(value: int | str, local_world_size: int = 1, typed: bool = T
 
 def effective_pin_memory(requested: bool, device: torch.device) -> bool:
     if requested and device.type != "cuda":
-        warnings.warn("data.pin_memory=true without CUDA: pinned memory is off (set data.pin_memory=false to silence)",
-                      stacklevel=2)
+        log.warning("data.pin_memory=true without CUDA: pinned memory is off (set data.pin_memory=false to silence)")
         return False
     return requested
 

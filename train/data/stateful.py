@@ -8,10 +8,29 @@ version and tests/test_stateful.py fails loudly the day either of the two privat
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
+
+log = logging.getLogger(__name__)
+_said: set[str] = set()  # the advice already logged by this process
+
+
+class Loader(StatefulDataLoader):
+    """StatefulDataLoader whose worker-count advice is one log line a process: DataLoader warns at construction and
+    at every iterator, with its source line (four times for a run's two loaders)."""
+
+    def check_worker_number_rationality(self) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            super().check_worker_number_rationality()
+        for warning in caught:
+            text = f"data.num_workers={self.num_workers}: {warning.message}"
+            if text not in _said:
+                _said.add(text)
+                log.warning("%s", text)
 
 
 def stateful_loader(dataset: Dataset, **kwargs) -> StatefulDataLoader:
@@ -19,7 +38,7 @@ def stateful_loader(dataset: Dataset, **kwargs) -> StatefulDataLoader:
     (`torch.set_vital`, harmless) in every run and benchmark."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-        return StatefulDataLoader(dataset, **kwargs)
+        return Loader(dataset, **kwargs)
 
 
 def shutdown_workers(loader: StatefulDataLoader) -> None:

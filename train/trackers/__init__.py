@@ -5,23 +5,27 @@ Rank 0 alone logs. Each tracker gets the composed config once (flattened to dott
 figures and every epoch record (train/monitoring.py calls them), on a thread of their own (delivery.py): a slow or
 dead tracking server costs figures in that tracker, never a training step or the run. The trackers' run ids are a
 part of every checkpoint, so a resumed run (trainer.resume=auto, a torchrun restart, a Slurm requeue) continues the
-*same* tracker run. A tracker whose library is not installed fails at start in one line naming the extra that
-installs it.
+*same* tracker run. A tracker whose library is not installed, or that lacks what it needs to start (wandb without
+a key or an offline mode), fails at start in one line naming the fix; one that still cannot open its run at the
+first log is warned about in one line and left out, and the run goes on. No tracker writes into the working directory
+on its own: their files default to the run dir.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from train.config import ConfigError
+from train.config import ConfigError, first_line
 from train.credentials import without_credentials
 from train.metrics import EPOCH
 from train.trackers.delivery import Delivery
 
+log = logging.getLogger(__name__)
 FINISHED, STOPPED, FAILED = "finished", "stopped", "failed"  # how a run ended (stopped: by a signal, resumable)
 
 
@@ -105,8 +109,14 @@ class Trackers:
     def _start(self, step: int) -> Delivery:
         """The trackers' runs opened (here, so their ids are known to the next checkpoint), and their thread."""
         if self._delivery is None:
-            for name, tracker in self.trackers.items():
-                run_id = tracker.start(self.run_ids.get(name), self.params, step)
+            for name, tracker in list(self.trackers.items()):
+                try:
+                    run_id = tracker.start(self.run_ids.get(name), self.params, step)
+                except Exception as err:  # a tracker only observes: it never ends the run it watches
+                    log.warning("logger.%s could not start its run (%s: %s): the run goes on without it; "
+                                "metrics.jsonl has every figure", name, type(err).__name__, first_line(err))
+                    del self.trackers[name]
+                    continue
                 if run_id is not None:
                     self.run_ids[name] = run_id
             self._delivery = Delivery()

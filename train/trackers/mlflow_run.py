@@ -1,11 +1,13 @@
 """logger=mlflow: an MLflow run (`pip install 'loadout[mlflow]'`) on the tracking server at `tracking_uri`
-(default: $MLFLOW_TRACKING_URI, else MLflow's own default store).
+(default: $MLFLOW_TRACKING_URI, else a SQLite store in the run dir, `<run dir>/mlflow.db`: MLflow's own default is
+`mlflow.db` and `mlruns/` in whatever directory the run was started from, the repository as often as not).
 
 An http(s) server that takes no connection fails at start, before any worker, in one line: MLflow's client would
 retry the run's first request for minutes and then end the run with a traceback."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import urllib.parse
@@ -17,6 +19,7 @@ from train.config import ConfigError, first_line
 from train.credentials import without_credentials
 from train.trackers import FAILED, FINISHED, Tracker
 
+log = logging.getLogger(__name__)
 STATUS = {FINISHED: "FINISHED", FAILED: "FAILED"}  # stopped by a signal: KILLED until a resume reopens it
 BATCH = 100  # MLflow takes at most 100 params and 1000 metrics a request
 MAX_PARAM = 6000  # characters of a param's value MLflow keeps
@@ -33,8 +36,14 @@ class MLflowTracker(Tracker):
         self.run_dir, self.tracking_uri, self.experiment = Path(run_dir), tracking_uri, experiment
         self.run_name = run_name or str(self.run_dir)
         self.client = self.run_id = None
+        self.artifacts: str | None = None  # the experiment's artifact root, with the run dir's own store only
         if tracking_uri:
             check_reachable(tracking_uri)
+        else:
+            self.tracking_uri, self.artifacts = run_dir_store(self.run_dir)
+            logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating ... tables": said here
+            log.info("mlflow: no MLFLOW_TRACKING_URI: the run is kept in %s/mlflow.db (mlflow ui --backend-store-uri "
+                     "%s)", self.run_dir, self.tracking_uri)
 
     def start(self, run_id: str | None, params: dict[str, str], step: int) -> str:
         from mlflow.entities import Param
@@ -45,7 +54,8 @@ class MLflowTracker(Tracker):
             self.run_id = run_id
             return run_id
         found = self.client.get_experiment_by_name(self.experiment)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(
+            self.experiment, artifact_location=self.artifacts)
         run = self.client.create_run(experiment_id, run_name=self.run_name,
                                      tags={"loadout.run_dir": str(self.run_dir.resolve())})
         self.run_id = run.info.run_id
@@ -64,6 +74,13 @@ class MLflowTracker(Tracker):
 
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=STATUS.get(status, "KILLED"))
+
+
+def run_dir_store(run_dir: Path) -> tuple[str, str]:
+    """The tracking URI and artifact root of a store inside `run_dir` (absolute: a resume from elsewhere finds it)."""
+    where = run_dir.resolve()
+    where.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{where / 'mlflow.db'}", (where / "mlartifacts").as_uri()
 
 
 def check_reachable(uri: str) -> None:

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from train.config import ConfigError
 from train.tune.config import check_sweep
+from train.tune.measure import progress_bar
 from train.tune.profile import pick_best, profile_text, write_profile
 from train.tune.report import describe_machine, gather, machine_info, table, write_report
 
@@ -39,8 +40,7 @@ class TuneCallback(Callback):
             jobs = check_sweep(config_name or "tune", [*searchpath, *config.hydra.overrides.task])
         except ConfigError as err:
             _exit(err)
-        self.bar = tqdm(total=jobs, desc="tune sweep", unit="setting", disable=not config.trainer.progress,
-                        dynamic_ncols=True)
+        self.bar = progress_bar(jobs, "tune sweep", config.trainer.progress, unit="setting")
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
         if self.bar is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+import sys
 import warnings
 from pathlib import Path
 
@@ -38,6 +39,11 @@ PROFILE_KEYS = {
     "model": ("name",),
     "trainer": ("device", "precision", "channels_last"),
 }
+
+
+def progress_bar(total: int, desc: str, show: bool, **kwargs) -> tqdm:
+    """A tqdm bar on a terminal only: in a log (stderr not a terminal) a bar's redraws are debris around the table."""
+    return tqdm(total=total, desc=desc, disable=not (show and sys.stderr.isatty()), dynamic_ncols=True, **kwargs)
 
 
 def time_epoch(batches, device: torch.device, warmup: int, limit: int | None, step: TrainStep | None, bar) -> dict:
@@ -138,8 +144,7 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
         step.ddp.train()
     per_epoch = min(len(loader), tune.warmup_batches + (tune.batches or len(loader)))
     desc = f"job {job}: workers={num_workers} pin={pin_memory} persistent={cfg.data.persistent_workers}"
-    bar = tqdm(total=tune.repeats * per_epoch, desc=desc, leave=False, disable=not cfg.trainer.progress,
-               dynamic_ncols=True)
+    bar = progress_bar(tune.repeats * per_epoch, desc, cfg.trainer.progress, leave=False)
     epochs = []
     sampler.start(tune.memory_interval_s)
     try:

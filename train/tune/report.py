@@ -72,9 +72,10 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def _fmt(value, spec: str) -> str:
+    """`value` in `spec`; None as a "-" of the same width, so the columns stay aligned."""
     if isinstance(value, bool):
         value = str(value).lower()
-    return "-" if value is None else format(value, spec)
+    return format("-", spec.split(".")[0]) if value is None else format(value, spec)
 
 
 TABLE_KEYS = ("data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor")
@@ -119,19 +120,22 @@ def table(results: list[dict], best_job: int | None = None) -> str:
     return "\n".join(lines)
 
 
+PLOT_LINES = ("pin_memory", "persistent_workers", "prefetch_factor")  # one line per combination swept
+
+
 def _plot_groups(results: list[dict]) -> dict[tuple, list[dict]]:
-    """Measured rows per (pin_memory, persistent_workers); the num_workers=0 rows (no workers to persist) start
-    every line with the same pin_memory."""
+    """Measured rows per (pin_memory, persistent_workers, prefetch_factor); the num_workers=0 rows (no workers to
+    persist or prefetch) start every line with the same pin_memory."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     measured = [r for r in results if r["status"] == "ok"]
     for r in measured:
         d = r["settings"]["data"]
         if d["num_workers"] > 0:
-            groups[(d["pin_memory"], d["persistent_workers"])].append(r)
+            groups[tuple(d.get(key) for key in PLOT_LINES)].append(r)
     for r in measured:
         d = r["settings"]["data"]
         if d["num_workers"] == 0:
-            keys = [key for key in groups if key[0] == d["pin_memory"]] or [(d["pin_memory"], False)]
+            keys = [key for key in groups if key[0] == d["pin_memory"]] or [(d["pin_memory"], False, None)]
             for key in keys:
                 groups[key].append(r)
     return groups
@@ -139,7 +143,7 @@ def _plot_groups(results: list[dict]) -> dict[tuple, list[dict]]:
 
 def plot(results: list[dict], path: Path, title: str) -> None:
     """Throughput, first-batch latency per epoch, peak PSS (and data stall) against num_workers, one line per
-    (pin_memory, persistent_workers) pair."""
+    (pin_memory, persistent_workers, prefetch_factor)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,11 +156,11 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, ncols, figsize=(5 * ncols, 4.2), squeeze=False)
     axes = axes[0]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, ((pin, persistent), rows) in enumerate(sorted(groups.items())):
+    for i, ((pin, persistent, prefetch), rows) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
         rows.sort(key=lambda r: r["settings"]["data"]["num_workers"])
         x = [r["settings"]["data"]["num_workers"] for r in rows]
         color = colors[i % len(colors)]
-        label = f"pin={pin} persistent={persistent}"
+        label = f"pin={pin} persistent={persistent} prefetch={prefetch or 2}"
         y = [r["images_per_s"] for r in rows]
         err = [[v - r["images_per_s_min"] for v, r in zip(y, rows, strict=True)],
                [r["images_per_s_max"] - v for v, r in zip(y, rows, strict=True)]]
