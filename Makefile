@@ -87,7 +87,7 @@ $(IMAGENET_DATA)/.complete: | $(VENV)/.installed
 	$(PY) scripts/make_dataset.py --out $(IMAGENET_DATA) --size 500 --train-per-class 20 --val-per-class 2
 
 bench: setup dataset $(SEED_DATA)/.complete $(PHOTO_DATA)/.complete $(IMAGENET_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
-	@for b in decode workers epoch_latency packed shards shard_memory cache rss photos cpu_profile gpu_prefetch; do $(PY) bench/$$b.py || exit 1; done
+	@for b in decode workers epoch_latency packed shards shard_order shard_memory cache rss photos cpu_profile gpu_prefetch; do $(PY) bench/$$b.py || exit 1; done
 
 soak: setup dataset ## A long run stays flat: PSS, open files, threads per epoch, nothing left after exit (SOAK_EPOCHS=40)
 	$(PY) bench/soak.py

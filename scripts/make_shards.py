@@ -7,9 +7,11 @@ server or an S3-compatible store.
     aws s3 sync data/shards s3://bucket/shards       # then train: dataset=shards data.root=s3://bucket/shards
 
 Each sample is `<key>.jpg` (or the file's own format) and `<key>.cls`, in an order shuffled by --seed; shards are
-`<split>/shard-NNNNNN.tar` of about --shard-bytes each. The output is deterministic: the same input gives the same
-bytes (fixed tar headers), so a re-run does not re-upload. Sources: an ImageFolder (root/train, root/val), or any
-loadout source class (`--source pkg.Class` built with `split=`, that offers `read_encoded` or images).
+`<split>/shard-NNNNNN.tar` of about --shard-bytes each; _info.json lists each shard's sample count and distinct
+labels (`labels_per_shard`: the training order's window is sized by how mixed they are). The output is
+deterministic: the same input gives the same bytes (fixed tar headers), so a re-run does not re-upload. Sources: an
+ImageFolder (root/train, root/val), or any loadout source class (`--source pkg.Class` built with `split=`, that
+offers `read_encoded` or images).
 """
 
 from __future__ import annotations
@@ -60,26 +62,29 @@ def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def write_split(source, out: Path, split: str, shard_bytes: int, max_side: int | None,
-                seed: int) -> tuple[list[str], list[int]]:
+                seed: int) -> tuple[list[str], list[int], list[int]]:
     """The split's shards, its samples in an order shuffled by `seed` (folders list a class at a time, and training
-    reads a window of shards at a time); returns their names (relative to `out`) and sample counts."""
+    reads a window of shards at a time); returns their names (relative to `out`), sample counts and distinct
+    labels."""
     (out / split).mkdir(parents=True, exist_ok=True)
     order = np.random.default_rng(seed).permutation(len(source)).tolist()
-    names, lengths, position = [], [], 0
+    names, lengths, distinct, position = [], [], [], 0
     with tqdm(total=len(order), desc=split, unit="img") as bar:
         while position < len(order):
             names.append(f"{split}/shard-{len(names):06d}.tar")
-            start, size = position, 0
+            start, size, labels = position, 0, set()
             with tarfile.open(out / names[-1], "w", format=tarfile.USTAR_FORMAT) as tar:
                 while position < len(order) and size < shard_bytes:
                     index = order[position]
                     data, ext, label = encoded(source, index, max_side)
                     add(tar, f"{index:09d}.{ext}", data)
                     add(tar, f"{index:09d}.cls", str(label).encode())
+                    labels.add(label)
                     size, position = size + len(data) + 2048, position + 1
             lengths.append(position - start)
+            distinct.append(len(labels))
             bar.update(position - start)
-    return names, lengths
+    return names, lengths, distinct
 
 
 def main() -> None:
@@ -96,9 +101,10 @@ def main() -> None:
     info = {"splits": {}}
     for split in ("train", "val"):
         source = make(args.src, split=split)
-        names, lengths = write_split(source, args.out, split, args.shard_bytes, args.max_side, args.seed)
+        names, lengths, distinct = write_split(source, args.out, split, args.shard_bytes, args.max_side, args.seed)
         info["classes"] = list(source.classes)
-        info["splits"][split] = {"filenames": names, "shard_lengths": lengths, "num_samples": sum(lengths)}
+        info["splits"][split] = {"filenames": names, "shard_lengths": lengths, "num_samples": sum(lengths),
+                                  "labels_per_shard": distinct}
         print(f"{args.out / split}: {sum(lengths)} samples in {len(names)} shards")
     (args.out / "_info.json").write_text(json.dumps(info, indent=1) + "\n")
 

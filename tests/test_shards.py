@@ -67,6 +67,22 @@ def member_key(source: ShardSource, index: int) -> str:
 
 
 @pytest.mark.slow  # starts a server or scripts/make_shards.py
+def test_make_shards_lists_each_shards_labels_so_the_order_keeps_a_small_window(shards, tmp_path):
+    """make_shards.py writes shuffled shards and says so in _info.json (`labels_per_shard`): the default window stays
+    DEFAULT_WINDOW shards (reads mostly in sequence) and no shard is read at build to tell."""
+    import json
+
+    from train.data.shard_order import DEFAULT_WINDOW, shard_window
+
+    train = json.loads((shards / "_info.json").read_text())["splits"]["train"]
+    assert len(train["labels_per_shard"]) == len(train["filenames"]) > DEFAULT_WINDOW
+    source = ShardSource(str(shards), "train", cache_dir=str(tmp_path / "cache"))
+    assert source.label_spread().mixed
+    assert shard_window(source.shard_starts, None, source.label_spread) == DEFAULT_WINDOW
+    assert not list((tmp_path / "cache").glob("*.index.npz")), "nothing read to tell"
+
+
+@pytest.mark.slow  # starts a server or scripts/make_shards.py
 def test_shards_hold_the_folder_samples_map_style(shards, tiny_dataset, tmp_path):
     source = ShardSource(str(shards), "train", cache_dir=str(tmp_path / "cache"))
     folder = ImageFolderDataset(tiny_dataset, "train")

@@ -82,10 +82,12 @@ class DataConfig:
     decode: str = "cpu"
     # dataset=shards|parquet: where shards from http(s):// or s3:// are kept on this node (null:
     # ~/.cache/loadout/shards), the cache's bound in bytes (0: none; least recently used shards go), the shards
-    # shuffled together, and how many shards past the one being read are fetched ahead (0: none)
+    # shuffled together (null: sized from their labels, train/data/shard_order.py: 4 where they look shuffled, enough
+    # to mix label-sorted ones up to 65,536 samples), and how many shards past the one being read are fetched ahead
+    # (0: none)
     shard_cache_dir: str | None = None
     shard_cache_bytes: int = 0
-    shuffle_window: int = 4
+    shuffle_window: int | None = None
     prefetch_shards: int = 8
 
 
@@ -223,6 +225,9 @@ def validate(cfg: Any) -> None:
     for key in ("timeout", "cache_bytes", "shard_cache_bytes", "prefetch_shards"):
         if (getattr(data, key) or 0) < 0:
             _fail(f"data.{key}", getattr(data, key), "use a number >= 0")
+    if data.shuffle_window is not None and data.shuffle_window < 1:
+        _fail("data.shuffle_window", data.shuffle_window, "use an integer >= 1, or null to size it from the shards' "
+              "labels")
     if data.resize_size is not None and data.resize_size < data.image_size:
         _fail("data.resize_size", data.resize_size, f"use a size >= data.image_size ({data.image_size}) or null")
     if isinstance(nw, int) and nw < 0:

@@ -23,6 +23,7 @@ from train.data.fetch_ahead import FetchAhead
 from train.data.plan import LoaderPlan
 from train.data.ring import build_collate
 from train.data.seeds import SAMPLER, loader_seed, mixed_seed
+from train.data.shard_order import shard_window
 from train.data.shm import shm_fix
 from train.data.stateful import stateful_loader
 from train.dist import DistEnv
@@ -136,8 +137,9 @@ def _sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int) -> Sa
     kind = data.sampler
     starts = getattr(dataset, "shard_starts", None)  # Samples: the source's, where it is sharded
     if starts is not None and kind in ("auto", "distributed", "random"):  # sharded data: shards mostly in sequence
-        return ShardWindowSampler(starts, data.shuffle_window, seed, env.rank, env.world_size, data.shuffle,
-                                  data.drop_last)
+        window = shard_window(starts, data.shuffle_window, getattr(dataset, "label_spread", None),
+                              announce=env.rank == 0) if data.shuffle else 1
+        return ShardWindowSampler(starts, window, seed, env.rank, env.world_size, data.shuffle, data.drop_last)
     if kind == "auto":
         kind = "distributed" if env.distributed else ("random" if data.shuffle else "sequential")
     if env.distributed and kind != "distributed":

@@ -97,6 +97,11 @@ class Samples(Dataset):
         """The source's `fetch_shard` where it has one (the sampler fetches ahead with it), else None."""
         return self.source.fetch_shard if self.offers.fetch_shard else None
 
+    @property
+    def label_spread(self):
+        """The source's `label_spread` where it has one (the shard order sizes its window by it), else None."""
+        return getattr(self.source, "label_spread", None)
+
     def __getitem__(self, key):
         return self.__getitems__([key])[0]
 

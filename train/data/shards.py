@@ -10,7 +10,10 @@ they are.
 Shards and classes come from `<root>/_info.json` (timm's convention, what scripts/make_shards.py writes:
 {"classes": [...], "splits": {"train": {"filenames": [...], "shard_lengths": [...]}, ...}}), else from a listing of
 `<root>/<split>/*.tar` (a local folder or S3; HTTP needs the _info.json; without its counts every shard is indexed
-at start). The training order reads shards mostly in sequence (loader.ShardWindowSampler, data.shuffle_window).
+at start). The training order reads shards mostly in sequence (loader.ShardWindowSampler), a window of them at a
+time sized from how mixed their labels are (shard_order.py, data.shuffle_window): `label_spread` looks at a few
+shards' labels, or reads `labels_per_shard` (distinct labels of each shard) from _info.json where make_shards.py
+wrote it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 
 from train.config import ConfigError, first_line
 from train.data.decode import decode_image_file
+from train.data.shard_order import LabelSpread, label_spread, spread_of_labels
 from train.data.shard_store import ShardError, ShardStore, is_remote
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,7 @@ class Listing(NamedTuple):
     urls: list[str]
     classes: list[str] | None
     lengths: list[int] | None  # samples per shard, where _info.json says
+    distinct: list[int] | None = None  # distinct labels per shard, where _info.json says (make_shards.py)
 
 
 def list_shards(root: str, split: str) -> Listing:
@@ -69,7 +74,7 @@ def _list_shards(root: str, split: str) -> Listing:
         classes = meta.get("classes") or ([str(i) for i in range(meta["num_classes"])] if "num_classes" in meta
                                           else None)
         return Listing([f"{root.rstrip('/')}/{name}" for name in entry["filenames"]], classes,
-                       entry.get("shard_lengths"))
+                       entry.get("shard_lengths"), entry.get("labels_per_shard"))
     if root.startswith(("http://", "https://")):
         raise ConfigError(f"data.root={root}: no _info.json there; an HTTP server cannot be listed, so write one "
                           "(scripts/make_shards.py does)")
@@ -158,17 +163,20 @@ class ShardSource:
 
     With the sample counts from `_info.json`, nothing is read at build time but that file and a listing (every shard
     there, check_present): a shard is fetched and indexed when the order first reaches it (fetch_ahead.py does that
-    ahead of the workers), and a process keeps the indexes of the last INDEXES_HELD shards it read. Without counts
+    ahead of the workers), and a process keeps the indexes of the last shards it read (a window's worth). Without counts
     every shard is indexed first (fetched, when remote). No labels array is offered (they sit in the shards), so
-    data.sampler=weighted is refused."""
+    data.sampler=weighted is refused; `label_spread` says how mixed the shards' labels are (the order's window)."""
 
-    INDEXES_HELD = 64
+    INDEXES_HELD = 64  # at least this many indexes held, and more while they hold at most SAMPLES_HELD samples:
+    SAMPLES_HELD = 1 << 17  # a window of label-sorted shards (up to shard_order.MOST_SAMPLES) is read at once
+    SHARDS_HELD = 4096  # at most this many, however small (each costs some hundred bytes besides its samples)
+    LABELS_LOOKED_AT = 8  # shards whose labels `label_spread` looks at, without counts in _info.json
 
     def __init__(self, root: str, split: str = "train", cache_dir: str | None = None, cache_bytes: int = 0,
                  min_side: int | None = None, timeout: float | None = None):
         root = str(root).rstrip("/")
         self.store = ShardStore(cache_dir, cache_bytes, timeout)
-        urls, classes, lengths = list_shards(root, split)
+        urls, classes, lengths, distinct = list_shards(root, split)
         self.urls = np.array(urls)  # an array, not a list: workers never copy its pages (datasets.py)
         if lengths is None or classes is None:
             log.info("data.root=%s: no sample counts or classes in an _info.json: indexing the %d %s shards now%s",
@@ -177,21 +185,39 @@ class ShardSource:
             lengths = [len(index["labels"]) for index in indexes]
             highest = max((int(index["labels"].max()) for index in indexes if len(index["labels"])), default=-1)
             classes = classes or [str(i) for i in range(highest + 1)]
+            distinct = [len(np.unique(index["labels"])) for index in indexes]
         else:
             check_present(root, urls)
         if not sum(lengths):
             raise ConfigError(f"data.root={root}: the {split} shards hold no image with a .cls or .json label")
         self.shard_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.classes = list(classes)
+        if distinct is not None and len(distinct) != len(urls):
+            raise ConfigError(f"data.root={root}: _info.json's labels_per_shard has {len(distinct)} entries for "
+                              f"{len(urls)} {split} shards: fix it or leave it out")
+        self._spread = None if distinct is None else [label_spread(distinct, lengths, len(self.classes))]
         self.paths = SamplePaths(self.urls, self.shard_starts)
         self.min_side = min_side
         self._held: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()  # this process's recent indexes
+        self._held_samples = 0
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_held": OrderedDict()}
+        return {**self.__dict__, "_held": OrderedDict(), "_held_samples": 0}
 
     def __len__(self) -> int:
         return int(self.shard_starts[-1])
+
+    def label_spread(self) -> LabelSpread | None:
+        """How mixed the shards' labels are: from _info.json's `labels_per_shard`, else from the labels of
+        LABELS_LOOKED_AT shards spread over the list (the same ones on every rank and run; indexed, fetched into the
+        node cache when remote, 4 at a time). The training order sizes its window by it (shard_order.py)."""
+        if self._spread is None:
+            shards = len(self.urls)
+            picks = np.unique(np.linspace(0, shards - 1, min(self.LABELS_LOOKED_AT, shards)).round().astype(int))
+            with ThreadPoolExecutor(4) as pool:
+                labels = list(pool.map(lambda shard: self._index(int(shard))["labels"], picks))
+            self._spread = [spread_of_labels(labels, len(self.classes))]
+        return self._spread[0]
 
     def fetch_shard(self, shard: int) -> None:
         """The shard's copy and index onto this node (the fetch-ahead thread calls this before the workers read)."""
@@ -223,7 +249,8 @@ class ShardSource:
         return index
 
     def members(self, shard: int) -> dict[str, np.ndarray]:
-        """The shard's index, held by this process while it is among the last INDEXES_HELD read."""
+        """The shard's index, held by this process while it is among the last read (INDEXES_HELD, or more up to
+        SAMPLES_HELD samples and SHARDS_HELD shards: a window's shards are read side by side)."""
         index = self._held.get(shard)
         if index is None:
             index = self._held[shard] = self._index(shard)
@@ -231,8 +258,10 @@ class ShardSource:
             if len(index["labels"]) != expected:
                 log.warning("shard %s holds %d readable samples, _info.json says %d", self.urls[shard],
                             len(index["labels"]), expected)
-            if len(self._held) > self.INDEXES_HELD:
-                self._held.popitem(last=False)
+            self._held_samples += len(index["labels"])
+            while len(self._held) > self.INDEXES_HELD and (
+                    self._held_samples > self.SAMPLES_HELD or len(self._held) > self.SHARDS_HELD):
+                self._held_samples -= len(self._held.popitem(last=False)[1]["labels"])
         else:
             self._held.move_to_end(shard)
         return index
