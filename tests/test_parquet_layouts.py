@@ -231,7 +231,7 @@ def test_a_large_remote_file_is_read_by_row_group_with_range_requests(tiny_datas
 
         cfg = compose_config(["hardware=cpu", "dataset=parquet", f"data.root={url}", "data.image_size=32",
                               "data.batch_size=16", "data.num_workers=2", "data.prefetch_shards=0",
-                              f"+dataset.whole_file_bytes={size // 2}",
+                              f"dataset.whole_file_bytes={size // 2}",
                               f"data.shard_cache_dir={cache}"])
         with data_from_config(cfg, DistEnv(), CPU) as data:  # forked workers read, each with its own handle
             data.set_epoch(0)
@@ -244,3 +244,11 @@ def test_a_large_remote_file_is_read_by_row_group_with_range_requests(tiny_datas
         again = ParquetSource(url, "train", cache_dir=str(cache), whole_file_bytes=size // 2)
         assert torch.equal(again[239][0], local[239][0])
         assert served_bytes(log, train_file) - whole_epoch < size / 20, "later epochs read the node's copies"
+
+        bound = 3 * size // 12  # about three row groups' copies: the node cache's bound holds for them too
+        bounded = ParquetSource(url, "train", cache_dir=str(tmp_path / "bounded"), cache_bytes=bound,
+                                whole_file_bytes=size // 2)
+        for index in range(0, 240, 20):  # every row group once
+            assert torch.equal(bounded[index][0], local[index][0])
+        kept = sum(p.stat().st_size for p in (tmp_path / "bounded").glob("*.rowgroup*.parquet"))
+        assert 0 < kept <= bound, f"{kept} bytes of row-group copies kept, the bound is {bound}"

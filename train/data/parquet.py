@@ -126,7 +126,10 @@ class ParquetSource:
         if self._held is None or self._held[0] != group:
             number, row_group = self.groups[group].tolist()
             if self.in_place[number]:
-                table = pq.read_table(self._row_group_copy(number, row_group), columns=[self.layout.image])
+                try:
+                    table = pq.read_table(self._row_group_copy(number, row_group), columns=[self.layout.image])
+                except FileNotFoundError:  # evicted by another process between the check and the read: once more
+                    table = pq.read_table(self._row_group_copy(number, row_group), columns=[self.layout.image])
             else:
                 table = pq.ParquetFile(self.store.local(self.urls[number])).read_row_group(
                     row_group, columns=[self.layout.image])
@@ -163,6 +166,7 @@ class ParquetSource:
             partial.replace(path)
         finally:
             partial.unlink(missing_ok=True)
+        self.store.evict(keep=path)  # row-group copies count against data.shard_cache_bytes like whole files
         return path
 
     def _read_image_file(self, path: str) -> bytes:

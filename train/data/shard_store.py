@@ -101,7 +101,7 @@ class ShardStore:
                 if waited:  # that download failed after its tries (or 404, or 403): not tried again by every waiter
                     raise ShardError(f"shard {url} skipped: another process's download of it just failed", url)
                 self._download(url, path)
-                self._evict(keep=path)
+                self.evict(keep=path)
         self._known[url] = path
         return path
 
@@ -156,7 +156,7 @@ class ShardStore:
             fs.retries = 1
         return fs, path
 
-    def _evict(self, keep: Path) -> None:
+    def evict(self, keep: Path) -> None:
         """Least recently used copies out until the cache holds at most max_bytes (never `keep`)."""
         if not self.max_bytes:
             return
