@@ -52,11 +52,14 @@ WORKDIR /app
 # Dependencies first, in their own layer: rebuilt only when requirements.txt or constraints.txt change, not on
 # every source edit. Every version from constraints.txt (the lock CI tests) less what the base brings
 # (docker/base_lock.py: its CUDA stack; its torch must be the lock's, checked first, unless TORCH_FROM_BASE=1).
+# data.decode=device's extra, loadout[device-decode] (torchcodec), where the base's torch can load it (>= 2.11).
 COPY requirements.txt constraints.txt docker/base_lock.py docker/check_torch.py ./
 RUN TORCH_FROM_BASE=${TORCH_FROM_BASE} python3 base_lock.py constraints.txt /tmp/constraints.txt \
- && python3 -m pip install --no-cache-dir -c /tmp/constraints.txt -r requirements.txt ${EXTRA_PIP_PACKAGES} \
+ && python3 check_torch.py --decode-requirements > /tmp/decode.txt \
+ && python3 -m pip install --no-cache-dir -c /tmp/constraints.txt -r requirements.txt -r /tmp/decode.txt \
+      ${EXTRA_PIP_PACKAGES} \
  && CPU_ONLY=${CPU_ONLY} TORCH_FROM_BASE=${TORCH_FROM_BASE} python3 check_torch.py constraints.txt requirements.txt \
- && rm /tmp/constraints.txt base_lock.py check_torch.py
+ && rm /tmp/constraints.txt /tmp/decode.txt base_lock.py check_torch.py
 
 # The source. `python -m train` runs from /app, so the configs in /app/conf are the ones used.
 # README* (pyproject's readme) may not exist yet; pyproject.toml keeps the pattern from matching nothing.

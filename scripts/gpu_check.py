@@ -5,12 +5,15 @@ box whose torch came preinstalled (an NGC container, a cluster module, a lent ma
 
 First the environment, each problem in one line: the wheels of .gpu-wheels/ (`make gpu-wheels`) installed with no
 index where loadout's packages are missing; every required module imported for real (a shared library missing is
-named); torch >= 2.6 and torchvision >= 0.21; torchcodec loadable for the decode part; CUDA usable.
-Then the parts (`--list`; choose with `--only` / `--skip`), each fitting one 10-minute command. Without CUDA the CUDA
-parts are skipped, one line each. Each training part trains in a fresh run dir; the first epoch (worker start-up,
-cuDNN autotuning, compilation) is the warm-up, the figures are the median of the others.
+named); torch >= 2.6 and torchvision >= 0.21; torchcodec loadable for the decode part; CUDA usable where an NVIDIA
+driver answers (a GPU box whose CUDA is broken stops the check: a driver too old for torch, CUDA_VISIBLE_DEVICES
+hiding the GPUs).
+Then the parts (`--list`; choose with `--only` / `--skip`), each fitting one 10-minute command. On a machine with no
+NVIDIA driver the CUDA parts are skipped, one line each. Each training part trains in a fresh run dir; the first epoch
+(worker start-up, cuDNN autotuning, compilation) is the warm-up, the figures are the median of the others.
 `report.json` is rewritten after every part (and written, minimal, when the environment stops the check), with
-`report.png` at the end where matplotlib imports. Exit status: 0 no part failed, 1 a part failed, 2 the environment.
+`report.png` at the end where matplotlib imports. Exit status: 0 no part failed (CUDA parts skipped on a machine with
+no driver included), 1 a part failed, 2 the environment (CUDA unusable where a driver answers included).
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # loadout importable from the checkout, whatever the interpreter
+if TYPE_CHECKING:  # imported for real once the environment is checked (train.device imports torch)
+    from train.device import CudaFacts
 MIN_TORCH, MIN_TORCHVISION = (2, 6), (0, 21)  # the tested range (requirements.txt)
 MIN_TORCH_DECODE = (2, 11)  # torchcodec's stable-ABI builds (data.decode=device)
 PART_S = 540  # each part's limit, all its commands together: one part fits one 10-minute command
@@ -154,7 +160,7 @@ def decode_problem() -> str | None:
     import torch
 
     if missing(DECODE):
-        return "torchcodec is not installed (make gpu-wheels carries it)"
+        return "torchcodec is not installed (pip install 'loadout[device-decode]'; make gpu-wheels carries it)"
     if version_tuple(torch.__version__) < MIN_TORCH_DECODE:
         return f"torchcodec needs torch >= {'.'.join(map(str, MIN_TORCH_DECODE))}; this is {torch.__version__}"
     try:
@@ -163,6 +169,13 @@ def decode_problem() -> str | None:
         return (f"{load_problem('torchcodec', err)}; it needs a torch built for CUDA 13 (its wheel's CUDA major), "
                 f"this one is CUDA {torch.version.cuda}")
     return None
+
+
+def gpu_present(cuda: CudaFacts) -> bool:
+    """Whether an NVIDIA driver answers here (libcuda.so.1 loads, or NVML / nvidia-smi names a version). Where one
+    does and CUDA is unusable anyway, the GPU box is broken and the check must fail; where none does, the machine
+    has no GPU and skipping the CUDA parts is the right result."""
+    return cuda.driver_cuda is not None or cuda.driver_version is not None
 
 
 def facts() -> dict:
@@ -422,11 +435,21 @@ def main(argv: list[str] | None = None) -> int:
     from train.device import CudaFacts, why_no_cuda
 
     check.decode_problem = decode_problem()
+    broken = False  # CUDA unusable on a machine with an NVIDIA driver
     if torch.cuda.is_available():
         check.gpus = torch.cuda.device_count()
     else:
-        check.cuda_problem = f"CUDA is unusable here: {why_no_cuda(CudaFacts.of_this_machine())}"
+        cuda = CudaFacts.of_this_machine()
+        check.cuda_problem = f"CUDA is unusable here: {why_no_cuda(cuda)}"
+        broken = gpu_present(cuda) and any(part.cuda for part in parts)
     report["facts"] = facts()
+    if broken:
+        driver = cuda.driver_version or f"for CUDA {cuda.driver_cuda}"
+        report["error"] = (f"{check.cuda_problem}; yet an NVIDIA driver answers here (driver {driver}): a GPU box "
+                           "whose CUDA is broken, not one without GPUs, so the CUDA parts cannot run")
+        write_report(check, report)
+        print(f"gpu-check: {report['error']}", file=sys.stderr)
+        return 2
     for note in filter(None, [check.cuda_problem and f"{check.cuda_problem}; the CUDA parts are skipped",
                               check.decode_problem and f"{check.decode_problem}: the decode part is skipped, the rest "
                               "runs"]):

@@ -28,7 +28,11 @@ LIMIT_MIB = 64  # what a lent machine's working tree may carry, all together
 # The lent machine: pip's options for its interpreter and platform.
 TARGET = ("--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
           "--only-binary=:all:")
-# What it has (versions as published for it; None: some version, not named), and what it lacks.
+# What it has (None: some version, not named), and what it lacks. Every name is on the device notes' list of the
+# packages its image ('cuda', for nvidia-h100-x1 and nvidia-h200) holds, "Python packages already there" in
+# /work/.library/device/KINDS.md, as read on such a machine on 2026-11-17; the versions are that page's "pip list"
+# row (2026-11). Names off that list are CARRIED, not assumed: it has no hydra-core, omegaconf, antlr4, torchdata,
+# simplejpeg or torchcodec.
 PREINSTALLED = {"torch": "2.11.0+cu130", "torchvision": "0.26.0", "triton": "3.6.0", "numpy": "2.5.2",
                 "pillow": None, "psutil": None, "tqdm": None, "tensorboard": None, "prometheus-client": None,
                 "pytest": None, "pyyaml": None, "fsspec": None, "pyarrow": None, "aiohttp": None,

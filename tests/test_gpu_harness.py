@@ -23,6 +23,7 @@ import yaml
 
 from tests.conftest import ROOT, read_metrics, run_cli, wait_for
 from tests.test_distributed import torchrun
+from train.device import CudaFacts
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_check  # noqa: E402
@@ -32,9 +33,10 @@ CUDA_PARTS = [part.name for part in gpu_check.PARTS if part.cuda]
 CARRIED_PURE = ("hydra", "omegaconf", "antlr4", "torchdata")  # py3-none-any: installable here, on Python 3.11
 
 
-def gpu_check_run(*args: str, python: str = sys.executable, timeout: float = 120) -> subprocess.CompletedProcess:
+def gpu_check_run(*args: str, python: str = sys.executable, timeout: float = 120,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([python, "scripts/gpu_check.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def stand_in(folder: Path, name: str, version: str) -> None:
@@ -141,6 +143,8 @@ def test_gpu_check_stops_in_one_line_with_a_minimal_report_when_the_environment_
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA is unusable")
 def test_without_cuda_each_cuda_part_is_skipped_in_one_line_and_reported(tmp_path):
+    if gpu_check.gpu_present(CudaFacts.of_this_machine()):
+        pytest.skip("an NVIDIA driver answers here: unusable CUDA is a broken GPU box, exit 2")
     done = gpu_check_run("--skip", "datasets", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -157,6 +161,45 @@ def test_without_cuda_each_cuda_part_is_skipped_in_one_line_and_reported(tmp_pat
 
     done = gpu_check_run("--only", "a100,nccl")
     assert done.returncode == 2 and "no part nccl: choose from datasets, cuda-tests" in done.stderr
+
+
+@pytest.mark.parametrize(("facts", "present"), [
+    (CudaFacts(None, None), False),  # a CPU machine with a CPU-only torch
+    (CudaFacts("13.0", None), False),  # a CUDA torch on a machine with no driver (CI, a laptop)
+    (CudaFacts("13.0", "-1"), False),  # ... whatever CUDA_VISIBLE_DEVICES says
+    (CudaFacts(None, None, "13.0", "580.95.05", 0), True),  # a CPU-only torch on a GPU box
+    (CudaFacts("13.0", "", "13.0", "580.95.05", 100), True),  # CUDA_VISIBLE_DEVICES hides the GPU
+    (CudaFacts("13.0", "7", "13.0", "580.95.05", 100), True),  # ... or names one that is not there
+    (CudaFacts("13.0", None, "12.4", "550.54.15", 35), True),  # the driver is too old for torch
+    (CudaFacts("13.0", None, None, "550.54.15"), True),  # nvidia-smi answers, libcuda.so.1 does not load
+])
+def test_unusable_cuda_is_a_failure_where_an_nvidia_driver_answers(facts, present):
+    assert gpu_check.gpu_present(facts) is present
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA is unusable")
+def test_a_gpu_box_whose_cuda_is_unusable_stops_the_check_in_one_line(tmp_path):
+    """An nvidia-smi that answers with a driver version (a box with a driver whose libcuda does not load here): no
+    part runs, exit 2, one line, report.json with the error; with no CUDA part chosen the check goes on."""
+    if CudaFacts.of_this_machine().driver_cuda is not None:
+        pytest.skip("libcuda.so.1 loads here")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 580.95.05\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    path = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = gpu_check_run("--only", "datasets,a100", "--out", str(tmp_path), env=path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    assert lines[0].startswith("gpu-check: CUDA is unusable here: no NVIDIA driver found"), lines
+    assert "yet an NVIDIA driver answers here (driver 580.95.05): a GPU box whose CUDA is broken" in lines[0], lines
+    assert "gpu-check: skip" not in done.stdout and "no part failed" not in done.stdout, done.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["error"] == lines[0].removeprefix("gpu-check: ") and report["parts"] == []
+    assert report["pending"] == ["datasets", "a100"] and report["facts"]["driver"] == "580.95.05"
+
+    done = gpu_check_run("--only", "datasets", "--skip", "datasets", "--out", str(tmp_path), env=path)
+    assert done.returncode == 0 and "the CUDA parts are skipped" in done.stdout, done.stdout + done.stderr
 
 
 def test_report_json_is_written_before_the_first_part_ends(tmp_path):

@@ -252,8 +252,8 @@ def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device:
     try:
         decoder = DeviceDecoder(device)
     except ImportError as err:
-        raise ConfigError(f"data.decode=device needs torchcodec ({first_line(err)}): pip install -c constraints.txt "
-                          "torchcodec, or use data.decode=cpu") from err
+        raise ConfigError(f"data.decode=device needs torchcodec ({first_line(err)}): pip install "
+                          "'loadout[device-decode]' (it needs torch >= 2.11), or use data.decode=cpu") from err
     except (OSError, RuntimeError) as err:  # its libraries load against torch's: another CUDA major, another ABI
         cuda = torch.version.cuda or "none"
         raise ConfigError(f"data.decode=device: torchcodec does not load ({first_line(err)}); it needs torch >= 2.11 "
