@@ -9,12 +9,10 @@ feature's storage struct<bytes: binary, path: string>, and the features as JSON 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config, read_metrics, run_cli
+from tests.test_shards import nginx_serving
 from train.config import ConfigError
 from train.data import data_from_config
 from train.data.datasets import ImageFolderDataset
@@ -167,30 +166,6 @@ def test_layouts_loadout_cannot_read_fail_in_one_line_naming_the_file_and_column
 
 
 # -- a large file over HTTP: read by row group, in place ------------------------------------------------------------
-@contextlib.contextmanager
-def nginx_listing(root: Path, prefix: Path):
-    """tests/test_shards.py's nginx, with `autoindex on`: fsspec lists an HTTP folder from its index page."""
-    from tests.test_shards import free_port, wait_for_port
-
-    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-    if nginx is None:
-        pytest.skip("nginx is not installed (`.ci/ensure_package.sh nginx nginx-light` installs it)")
-    port, user = free_port(), "user root;" if os.geteuid() == 0 else ""
-    temp = "; ".join(f"{kind}_temp_path {prefix}" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    (prefix / "nginx.conf").write_text(f"""daemon off; {user} worker_processes 1; pid {prefix}/nginx.pid;
-error_log {prefix}/error.log; events {{ worker_connections 64; }}
-http {{ access_log {prefix}/access.log; {temp}; server {{ listen 127.0.0.1:{port}; root {root}; autoindex on; }} }}
-""")
-    proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf")], stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        wait_for_port(port, proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait()
-
-
 def served_bytes(log: Path, name: str) -> int:
     """The body bytes nginx sent for `name` (the combined log format: `"GET /path HTTP/1.1" status bytes`)."""
     found = re.findall(rf'"GET /[^ ]*{re.escape(name)} HTTP/[0-9.]+" \d+ (\d+)', log.read_text())
@@ -215,7 +190,7 @@ def test_a_large_remote_file_is_read_by_row_group_with_range_requests(tiny_datas
     size = (root / "data" / train_file).stat().st_size
     (tmp_path / "nginx").mkdir()
     log = tmp_path / "nginx" / "access.log"
-    with nginx_listing(root, tmp_path / "nginx") as url:
+    with nginx_serving(root, tmp_path / "nginx", autoindex=True) as url:
         cache = tmp_path / "cache"
         remote = ParquetSource(url, "train", cache_dir=str(cache), whole_file_bytes=size // 2)
         local = ImageFolderDataset(tiny_dataset, "train")

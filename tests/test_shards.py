@@ -269,8 +269,9 @@ def test_a_run_trains_from_the_s3_server_and_keeps_the_secret_out_of_its_files(s
 
 # -- HTTP: nginx ----------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def nginx_serving(root: Path, prefix: Path):
-    """nginx serving `root` on 127.0.0.1 (range requests included), its files in `prefix`; yields its base URL."""
+def nginx_serving(root: Path, prefix: Path, autoindex: bool = False):
+    """nginx serving `root` on 127.0.0.1 (range requests included; folder listings with `autoindex`), its files in
+    `prefix`; yields its base URL."""
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if nginx is None:
         pytest.skip("nginx is not installed (`.ci/ensure_package.sh nginx nginx-light` installs it)")
@@ -281,7 +282,7 @@ error_log {prefix}/error.log;
 events {{ worker_connections 64; }}
 http {{ access_log {prefix}/access.log; client_body_temp_path {prefix}; proxy_temp_path {prefix};
   fastcgi_temp_path {prefix}; uwsgi_temp_path {prefix}; scgi_temp_path {prefix};
-  server {{ listen 127.0.0.1:{port}; root {root}; }} }}
+  server {{ listen 127.0.0.1:{port}; root {root}; {'autoindex on;' if autoindex else ''} }} }}
 """)
     proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf")], stderr=subprocess.PIPE,
                             text=True)
