@@ -4,9 +4,11 @@ loader ran with."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import yaml
 from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, read_metrics, run_cli, training_at, wait_for
 from train.cli_help import GROUPS, KEYS
 from train.run_dir import run_dir_name
+from train.run_lock import RunLock
 from train.run_record import profile_settings
 
 
@@ -87,6 +90,30 @@ def test_cfg_job_prints_resolved_values():
     result = run_cli(["--cfg", "job", "hardware=auto"])
     assert result.returncode == 0, result.stderr
     assert "${" not in result.stdout and "image_size: " in result.stdout
+
+
+@pytest.mark.parametrize("args, printed", [
+    (["--config-name", "config", "hardware=cpu", "--cfg", "job"], "image_size: 64"),
+    (["hardware=cpu", "--info", "config"], "Config search path"),
+    (["hardware=cpu", "-i"], "Installed Hydra Plugins"),
+])
+def test_hydra_flags_keep_their_values(args, printed):
+    result = run_cli(args)
+    assert result.returncode == 0, result.stderr
+    assert printed in result.stdout
+
+
+def test_a_bad_value_keeps_its_credentials_out_of_the_error():
+    result = run_cli(["hardware=cpu", "data.batch_size=https://user:secret@host/x"])
+    assert result.returncode == 2
+    assert result.stderr == ("error: data.batch_size=https://***@host/x: data.batch_size takes an integer, not "
+                             "'https://***@host/x'\n")
+
+
+def test_a_missing_url_root_keeps_its_credentials_out_of_the_error(tmp_path):
+    result = run_cli(["hardware=cpu", "data.root=https://user:secret@127.0.0.1:1/data", f"hydra.run.dir={tmp_path}"])
+    assert result.returncode == 2 and "secret" not in result.stdout + result.stderr
+    assert "data.root='https://***@127.0.0.1:1/data' does not exist" in result.stderr
 
 
 def test_torchrun_ranks_share_one_readable_run_dir_name():
@@ -185,3 +212,26 @@ def test_the_continue_command_works_as_typed_in_a_new_shell(tiny_dataset, tmp_pa
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["epoch"] for r in read_metrics(run_dir)] == [1]
+
+
+@pytest.mark.slow
+def test_a_resume_the_run_refuses_writes_nothing_and_the_next_one_works(first_run, tmp_path):
+    """Refused after Hydra starts (another batch size mid-epoch, a run dir in use): no resumes.yaml entry, no new
+    plan.json, nothing the next resume replays; the log alone says what was tried."""
+    run_dir = Path(shutil.copytree(first_run[0], tmp_path / "run"))  # mid-epoch 1 (another test may resume it)
+    log_file, resumes = next(run_dir.glob("*.log")), run_dir / ".hydra" / "resumes.yaml"
+    recorded = yaml.safe_load(resumes.read_text()) if resumes.is_file() else []
+    refusals = [(["data.batch_size=8"], "stopped mid-epoch with 15 steps an epoch, this run has 30"),
+                (["trainer.max_steps=4"], "another run is training in it")]
+    for args, message in refusals:
+        with RunLock(run_dir) if "another run" in message else contextlib.nullcontext():
+            before, logged = tree(run_dir), log_file.read_text()
+            result = run_cli(["trainer.resume=auto", f"hydra.run.dir={run_dir}", *args])
+            after = tree(run_dir)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert {k: v for k, v in after.items() if k != log_file.name} == \
+            {k: v for k, v in before.items() if k != log_file.name}
+        assert log_file.read_text().startswith(logged) and message in log_file.read_text()[len(logged):]
+    plain = run_cli(["trainer.resume=auto", f"hydra.run.dir={run_dir}"])
+    assert plain.returncode == 0, plain.stderr
+    assert [entry["overrides"] for entry in yaml.safe_load(resumes.read_text())[len(recorded):]] == [[]]

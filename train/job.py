@@ -52,8 +52,6 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     for key in drop_worker_knobs(cfg, typed=command_line_keys()):
         log.info("%s: off, as data.num_workers=0 starts no workers", key)
     validate(cfg)
-    if env.is_main and resume_run.resumed_dir(command_line()) is not None:
-        resume_run.record(run_dir, list(HydraConfig.get().overrides.task))
     dist.seed_everything(cfg.trainer.seed, env, cfg.trainer.deterministic)  # before CUDA starts (cuBLAS reads env)
     device = select_device(cfg.trainer.device, env)
     if env.is_main:
@@ -92,18 +90,11 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
             # whose process died counts a restart; the others restart theirs for the new rendezvous round.
             restarted = dist.any_rank(env.restart_count) > 0
             resume_path = checkpoint.find_resume_path(tc.resume, run_dir, restarted=restarted)
-            if env.is_main:
-                write_plan(cfg, run_dir, env, device, plan, trainer, hydra_choice("hardware"), command_line_keys())
-                if tc.resume == "auto" and resume_path is None:
-                    log.info("trainer.resume=auto: nothing to resume in %s (no checkpoint there); a new run starts%s",
-                             shown_path(run_dir), "" if "hydra.run.dir" in command_line_keys() else
-                             " (to continue a run, give its dir: hydra.run.dir=<run dir>)")
-            if tc.mode == "validate":
-                records = [trainer.validate(Path(tc.resume))]
-            else:
-                if resume_path is not None:
-                    trainer.resume(resume_path)
-                records = trainer.fit()
+            if resume_path is not None and tc.mode != "validate":
+                trainer.resume(resume_path)
+            if env.is_main:  # a resume refused above (another batch size mid-epoch) has written nothing
+                record_start(cfg, run_dir, env, device, plan, trainer, resume_path)
+            records = [trainer.validate(Path(tc.resume))] if tc.mode == "validate" else trainer.fit()
         ended = trackers.FINISHED
         if env.is_main:
             log.info("%s", where_it_wrote(run_dir, trainer.checkpoint_path, trainer.metrics_path))
@@ -125,6 +116,19 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
         dist.destroy_process_group()
 
 
+def record_start(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, trainer,
+                 resume_path: Path | None) -> None:
+    """Rank 0, with the run dir held and any checkpoint loaded: the plan in plan.json, a resume's overrides in
+    `.hydra/resumes.yaml` (what later resumes replay), or that trainer.resume=auto found nothing."""
+    write_plan(cfg, run_dir, env, device, plan, trainer, hydra_choice("hardware"), command_line_keys())
+    if resume_path is not None and resume_run.resumed_dir(command_line()) is not None:
+        resume_run.record(run_dir, list(HydraConfig.get().overrides.task))
+    if cfg.trainer.resume == "auto" and resume_path is None:
+        log.info("trainer.resume=auto: nothing to resume in %s (no checkpoint there); a new run starts%s",
+                 shown_path(run_dir), "" if "hydra.run.dir" in command_line_keys() else
+                 " (to continue a run, give its dir: hydra.run.dir=<run dir>)")
+
+
 def main(cfg: DictConfig) -> None:
     """The job: `cfg` composed by Hydra, which has made the run dir and its logging."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -138,6 +142,8 @@ def main(cfg: DictConfig) -> None:
     try:
         with StopSignal() as stop:
             OmegaConf.resolve(cfg)
+            if HydraConfig.get().output_subdir:  # a new run: what its checkpoints are tied to, as resolved here
+                resume_run.pin_frozen(run_dir / HydraConfig.get().output_subdir, cfg)
             as_given = copy.deepcopy(cfg)  # run() settles some keys (worker knobs); a retry is judged as typed
             no_retry.check(run_dir, as_given)
             run(cfg, run_dir, stop)

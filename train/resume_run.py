@@ -4,8 +4,11 @@ would set it up now.
 The run's own overrides (`.hydra/overrides.yaml`, then those of each resume before, `.hydra/resumes.yaml`) are
 replayed first and the command line's apply on top, so `trainer.epochs=5` extends the run and everything else
 (a logger, a 1-epoch plan) stays. What cannot change mid-run (the model, the dataset, the optimizer, ...) is refused
-in one line before Hydra starts, so a refused resume writes nothing into the run dir; an accepted one leaves
-`.hydra/` as the run began and appends its own overrides to `.hydra/resumes.yaml`.
+in one line before Hydra starts; what only the run finds (another batch size mid-epoch, a run dir in use) fails
+before rank 0 records anything, so a refused resume leaves the run dir as it was. An accepted one leaves `.hydra/` as
+the run began and appends its own overrides to `.hydra/resumes.yaml`. A new run's `.hydra/config.yaml` holds the
+frozen keys resolved (`data.image_size: 224` where Hydra saved `${if_cuda:224,64}`): a GPU run resumed on a CPU
+box is checked against what it trained with, not what the interpolation gives there.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from train.config import ConfigError, shown
+from train.config import ConfigError, first_line, shown
 from train.credentials import without_credentials
 
 RESUMES = "resumes.yaml"
+MASKED = "://***@"  # a URL's credentials as train/credentials.py leaves them in .hydra/
 # What a checkpoint's weights, optimizer state and data stream are tied to: changing one is a new run.
 FROZEN = ("model", "dataset._target_", "augment._target_", "optimizer._target_", "scheduler._target_",
           "data.image_size")
@@ -50,32 +55,41 @@ def resumed_dir(argv: list[str]) -> Path | None:
 def saved_overrides(run_dir: Path) -> list[str]:
     """The run's overrides: those it started with, then each accepted resume's."""
     hydra_dir = run_dir / ".hydra"
-    overrides = list(yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) or [])
+    overrides = _read_list(hydra_dir / "overrides.yaml")
     resumes = hydra_dir / RESUMES
-    for entry in (yaml.safe_load(resumes.read_text()) or []) if resumes.is_file() else []:
-        overrides += entry.get("overrides", [])
-    return overrides
+    for entry in _read_list(resumes) if resumes.is_file() else []:
+        found = entry.get("overrides") if isinstance(entry, dict) else None
+        if not isinstance(found, list):
+            raise ConfigError(f"{resumes}: an entry without a list of overrides ({entry!r}); repair it (each is "
+                              "`- at: <time>` with `overrides: [...]`)")
+        overrides += found
+    return [str(override) for override in overrides]
 
 
 def replay(argv: list[str], run_dir: Path) -> list[str]:
-    """The run's overrides, then `argv`'s (a key set in both: `argv`'s value), and `.hydra/` left as it is."""
+    """The run's overrides, then `argv`'s (a key set in both: `argv`'s value), and `.hydra/` left as it is. A URL
+    whose credentials were masked in `.hydra/` cannot be replayed: it must be given again."""
     given = {key_of(o): o for o in argv}
     merged = []
     for override in saved_overrides(run_dir):
-        mine = given.get(key_of(override))
+        key = key_of(override)
+        mine = given.get(key)
         if mine is None:
+            if MASKED in override:
+                raise ConfigError(f"{key}: the run's URL had credentials, masked in .hydra/; give {key}=... again "
+                                  f"(or {key}='${{oc.env:VAR}}')")
             merged.append(override)
-        elif override.startswith("+") and not mine.startswith("+"):  # a key the run added: still added here
+        elif override.startswith("+") and not mine.startswith(("+", "~")):  # a key the run added: still added here
             argv = [f"+{o}" if o is mine else o for o in argv]
     return [*merged, *argv, "hydra.output_subdir=null"]
 
 
 def check_unchanged(run_dir: Path, cfg: Any) -> None:
-    """Refuse in one line a change to what the run's checkpoints are tied to."""
-    saved = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=False)
-    now = OmegaConf.to_container(cfg, resolve=False)
+    """Refuse in one line a change to what the run's checkpoints are tied to, comparing resolved values: the saved
+    ones as the run resolved them (`pin_frozen`), the new ones as this machine does."""
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     for key in FROZEN:
-        before, after = _flat(_at(saved, key), key), _flat(_at(now, key), key)
+        before, after = _flat(_resolved(saved, key), key), _flat(_resolved(cfg, key), key)
         for leaf in sorted(set(before) | set(after)):
             if before.get(leaf) != after.get(leaf):
                 raise ConfigError(f"{leaf}={_typed(after.get(leaf))}: the run in {run_dir} has {leaf}="
@@ -83,14 +97,57 @@ def check_unchanged(run_dir: Path, cfg: Any) -> None:
                                   "unchanged, or start a new run (another hydra.run.dir) for the change")
 
 
+def pin_frozen(hydra_dir: Path, cfg: Any) -> None:
+    """Write the frozen keys of a new run's `.hydra/config.yaml` as `cfg` (resolved) has them where Hydra saved an
+    interpolation, so a resume elsewhere compares with what this run trained with."""
+    path = hydra_dir / "config.yaml"
+    saved = OmegaConf.load(path)
+    changed = False
+    for key in FROZEN:
+        value = _resolved(cfg, key)
+        if _at(OmegaConf.to_container(saved, resolve=False), key) != value:
+            OmegaConf.update(saved, key, value, merge=False, force_add=True)
+            changed = True
+    if changed:
+        path.write_text(without_credentials(OmegaConf.to_yaml(saved)))
+
+
 def record(run_dir: Path, overrides: list[str]) -> None:
-    """Append this resume's overrides (those beyond the run's own; a URL's credentials masked) to
-    `.hydra/resumes.yaml`."""
+    """Append this resume's overrides (those beyond the run's own) to `.hydra/resumes.yaml`, atomically (another
+    node may be reading it). A URL's credentials are masked there, so the next resume asks for it again (`replay`)
+    rather than replaying `***`."""
+    from train.checkpoint import write_atomic
+
+    path = run_dir / ".hydra" / RESUMES
     base = saved_overrides(run_dir)
-    entry = {"at": time.strftime("%Y-%m-%d %H:%M:%S"),
-             "overrides": [without_credentials(o) for o in overrides if o not in base]}
-    with open(run_dir / ".hydra" / RESUMES, "a") as file:
-        yaml.safe_dump([entry], file, sort_keys=False)
+    entries = _read_list(path) if path.is_file() else []
+    entries.append({"at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "overrides": [without_credentials(o) for o in overrides if o not in base]})
+    text = yaml.safe_dump(entries, sort_keys=False)
+    write_atomic(path, lambda file: file.write(text.encode()))
+
+
+def _read_list(path: Path) -> list:
+    """A YAML list from the run's record; an unreadable one is one line naming the file."""
+    try:
+        found = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: unreadable ({first_line(err)}); repair it, or start a new run (another "
+                          "hydra.run.dir)") from None
+    if not isinstance(found, list | None):
+        raise ConfigError(f"{path}: not a YAML list but {type(found).__name__}; repair it, or start a new run "
+                          "(another hydra.run.dir)")
+    return found or []
+
+
+def _resolved(cfg: Any, key: str) -> Any:
+    """`key`'s value with its interpolations resolved here (`${if_cuda:224,64}`: 64 on a CPU); as typed where one
+    cannot be (an unset ${oc.env:...})."""
+    try:
+        node = OmegaConf.select(cfg, key)
+        return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    except OmegaConfBaseException:
+        return _at(OmegaConf.to_container(cfg, resolve=False), key)
 
 
 def _typed(value: Any) -> str:

@@ -96,10 +96,10 @@ class Cifar10Dataset(Dataset):
 
 def split_root(root: str | Path, split: str) -> Path:
     """root/<split> for ImageFolder-style datasets, with an error naming the key and the fix."""
-    root = Path(root)
+    given, root = str(root), Path(root)  # the value as typed: Path would fold a URL's // (and hide it from masking)
     if not root.exists():
         raise ConfigError(
-            f"data.root={str(root)!r} does not exist: run `make dataset` for the embedded default, or set data.root "
+            f"data.root={given!r} does not exist: run `make dataset` for the embedded default, or set data.root "
             "to a folder with train/ and val/"
         )
     path = root / split
