@@ -37,7 +37,7 @@ def test_a_checkpoint_holds_each_stateful_part_and_the_format(trainer):
     assert state["format"] == checkpoint.FORMAT
     assert set(state) == {"format", "model", "optimizer", "scheduler", "scaler", "micro_batch", "progress", "plan",
                           "loader", "trackers"}
-    assert state["plan"] == {"epochs": 2, "steps_per_epoch": 15, "world_size": 1}
+    assert state["plan"] == {"epochs": 2, "steps_per_epoch": 15, "world_size": 1, "step_shift": 0}
     trainer.resume(trainer.checkpoint_path)  # and reads back
 
 

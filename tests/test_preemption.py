@@ -73,7 +73,7 @@ def test_signal_stops_at_a_step_saves_the_position_and_resume_trains_exactly_the
     assert (state["loader"]["ranks"][0]["epoch"], state["loader"]["ranks"][0]["batch"]) == (1, batch)
     assert [r["epoch"] for r in read_metrics(run_dir)] == [1]
 
-    resumed = run_cli(stopped[2].split())  # the command the line gave, as a user would paste it
+    resumed = run_cli(stopped[2].split(), cwd=tmp_path)  # the line's command, pasted in the same directory
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["epoch"] for r in read_metrics(run_dir)] == [1, 2]
     for epoch in range(2):  # the same samples, in the same order, each once: nothing repeated or skipped

@@ -92,8 +92,7 @@ def test_state_taken_with_batches_in_flight_resumes_with_exactly_the_rest(tiny_d
     assert same(drain(resumed, range(state["epoch"], 2)), reference[stop:])
 
 
-def test_loader_state_for_other_worker_counts_or_world_sizes_resumes_by_position_said_in_one_line(tiny_dataset,
-                                                                                                     caplog):
+def test_loader_state_for_another_worker_count_resumes_by_position_said_in_one_line(tiny_dataset, caplog):
     reference = drain(pipeline(tiny_dataset, 0).train, range(2))
     first = pipeline(tiny_dataset, 2).train
     first.set_epoch(0)
@@ -109,9 +108,8 @@ def test_loader_state_for_other_worker_counts_or_world_sizes_resumes_by_position
     assert resumed.loader.next_iter_state is None
     assert same(drain(resumed, range(2)), reference[5:])
     resumed = pipeline(tiny_dataset, 0).train
-    LoaderPositions(resumed, DistEnv()).load_state_dict({"ranks": [state, state]})  # saved by 2 processes
-    assert "loader positions of 2 processes, this run has 1" in caplog.text
-    assert same(drain(resumed, range(2)), reference[5:])
+    LoaderPositions(resumed, DistEnv()).load_state_dict({"ranks": [state]})  # the engine's checkpoint entry
+    assert same(drain(resumed, range(2)), reference[5:])  # another process count: tests/test_world_size_resume.py
 
 
 class Keys(Dataset):

@@ -110,24 +110,24 @@ class Trainer:
     def resume(self, path: Path) -> None:
         """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
         state = checkpoint.load(path)  # on the CPU: load_state_dict moves what belongs on the device
-        progress, saved = Progress(**state["progress"]), Plan(**state["plan"])
-        tc = self.tc
+        progress, saved, tc = Progress(**state["progress"]), Plan(**state["plan"]), self.tc
         self.plan.check_continues(saved, progress, path)
         parts = self.parts()
-        del parts["plan"]  # this run's plan stands; the saved one was checked above
+        del parts["plan"], parts["scaler"]  # this run's plan stands (checked above); the scaler loads from any device
         checkpoint.load_model(parts.pop("model"), state, path, self.model_name)
-        self.step.load_scaler(state.get("scaler", {}))  # from any device and precision
-        del parts["scaler"]
+        self.step.load_scaler(state.get("scaler", {}))
         for name in ("micro_batch", "trackers"):  # written before trainer.micro_batch_size / the logger group
             if name not in state:
                 del parts[name]
-        if saved.total_steps != self.plan.total_steps:  # trainer.epochs changed: re-planned below
-            del parts["scheduler"]
         if progress.batch_in_epoch >= self.batches.per_epoch or tc.overfit_batches:  # no position to go on from
             del parts["loader"]
         for name, part in parts.items():
             part.load_state_dict(state[name])
-        if "scheduler" not in parts:
+        if self.positions.batch_in_epoch is not None:  # another process count: the rest numbered as the last batches
+            self.progress.batch_in_epoch = self.positions.batch_in_epoch
+        self.plan.follow(saved, self.progress, self.batches.per_epoch, tc.grad_accum_steps)
+        if {saved.total_steps, self.step.total_steps} != {self.plan.total_steps}:  # epochs or steps an epoch changed
+            self.step.total_steps = max(self.plan.total_steps, 1)
             self.step.scheduler = self.step.plan_schedule(progress.step)
             log.info("trainer.epochs=%d: the LR schedule is re-planned over %d steps (was %d), continuing at step %d "
                      "with lr %.4g", tc.epochs, self.step.total_steps, saved.total_steps, progress.step,

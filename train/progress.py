@@ -37,6 +37,7 @@ class Plan(Record):
     epochs: int = 0
     steps_per_epoch: int = 0
     world_size: int = 1
+    step_shift: int = 0  # steps beyond epochs x steps_per_epoch: epochs begun at another step count an epoch
 
     @classmethod
     def for_run(cls, epochs: int, batches_per_epoch: int, grad_accum_steps: int, world_size: int) -> Plan:
@@ -46,7 +47,19 @@ class Plan(Record):
     def total_steps(self) -> int:
         """The schedule's length: trainer.max_steps only cuts a run short (smoke runs), so a run stopped by it
         and resumed later follows the same schedule."""
-        return self.epochs * self.steps_per_epoch
+        return self.epochs * self.steps_per_epoch + self.step_shift
+
+    def follow(self, saved: Plan, progress: Progress, batches_per_epoch: int, grad_accum_steps: int) -> None:
+        """Plan the schedule's length on from a checkpoint planned as `saved` and resumed at `progress`: the same
+        shift with the same steps an epoch; else (another process count or batch size) the steps taken, the rest of
+        the epoch in progress at this run's step count (`batches_per_epoch` numbers it), then whole epochs."""
+        if saved.steps_per_epoch == self.steps_per_epoch:
+            self.step_shift = saved.step_shift
+            return
+        rest = max(batches_per_epoch - progress.batch_in_epoch, 0) // grad_accum_steps if progress.batch_in_epoch \
+            else 0
+        begun = progress.epoch + (progress.batch_in_epoch > 0)
+        self.step_shift = progress.step + rest - begun * self.steps_per_epoch
 
     def last_step(self, max_steps: int | None) -> int:
         """The optimizer step the run ends at: the schedule's end, or trainer.max_steps when that comes first."""
@@ -66,7 +79,8 @@ class Plan(Record):
         if reached > self.epochs:
             raise ConfigError(f"trainer.epochs={self.epochs}: {path} has begun epoch {reached} already; use "
                               f"trainer.epochs >= {reached} to continue it, or trainer.resume=null to start over")
-        if progress.batch_in_epoch and saved.steps_per_epoch != self.steps_per_epoch:
+        if progress.batch_in_epoch and saved.steps_per_epoch != self.steps_per_epoch and \
+                saved.world_size == self.world_size:
             raise ConfigError(f"trainer.resume: {path} stopped mid-epoch with {saved.steps_per_epoch} steps an epoch, "
-                              f"this run has {self.steps_per_epoch}: resume with its data.batch_size, "
-                              "trainer.grad_accum_steps and process count")
+                              f"this run has {self.steps_per_epoch}: resume with its data.batch_size and "
+                              "trainer.grad_accum_steps (another process count is fine)")

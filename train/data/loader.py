@@ -4,7 +4,7 @@ explanation of a dead or stuck worker. The training loader is the TrainStream (s
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -131,18 +131,27 @@ def build_sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int) 
     return sampler
 
 
-def _sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int) -> Sampler:
+def rank_sampler(dataset: Dataset, data, env: DistEnv, seed: int) -> Callable[[int, int], Sampler[int]]:
+    """(rank, world_size) -> the training sampler that rank of that many processes draws from (no shard fetching):
+    what a resume at another process count rebuilds the interrupted epoch's order from (reshard.py)."""
+    def make(rank: int, world_size: int) -> Sampler[int]:
+        other = DistEnv(rank=rank, world_size=world_size, always_ddp=env.always_ddp and world_size == 1)
+        return _sampler(dataset, data, other, True, seed, announce=False)
+    return make
+
+
+def _sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int, announce: bool = True) -> Sampler:
     if not train:
         return ShardSampler(len(dataset), env.rank, env.world_size) if env.distributed else SequentialSampler(dataset)
     kind = data.sampler
     starts = getattr(dataset, "shard_starts", None)  # Samples: the source's, where it is sharded
     if starts is not None and kind in ("auto", "distributed", "random"):  # sharded data: shards mostly in sequence
         window = shard_window(starts, data.shuffle_window, getattr(dataset, "label_spread", None),
-                              announce=env.rank == 0) if data.shuffle else 1
+                              announce=announce and env.rank == 0) if data.shuffle else 1
         return ShardWindowSampler(starts, window, seed, env.rank, env.world_size, data.shuffle, data.drop_last)
     if kind == "auto":
         kind = "distributed" if env.distributed else ("random" if data.shuffle else "sequential")
-    if env.distributed and kind != "distributed":
+    if env.distributed and kind != "distributed" and announce:
         log.warning("data.sampler=%s with %d processes: every rank sees the whole dataset", kind, env.world_size)
     generator = torch.Generator().manual_seed(loader_seed(seed, env.rank))
     if kind == "distributed":
