@@ -90,3 +90,12 @@ def test_replay_removes_a_key_the_run_added_as_typed(tmp_path):
     assert replay(["~trainer.extra"], tmp_path) == ["trainer.epochs=2", "~trainer.extra", "hydra.output_subdir=null"]
     assert replay(["trainer.extra=2"], tmp_path) == ["trainer.epochs=2", "+trainer.extra=2",
                                                      "hydra.output_subdir=null"]
+
+
+def test_a_group_chosen_again_replays_none_of_the_runs_keys_inside_it(tmp_path):
+    """The run named its class and an added key; the resume picks the same dataset by its YAML (which has that key)."""
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(
+        "- dataset._target_=csv_images.CsvImages\n- +dataset.csv=list.csv\n- trainer.epochs=2\n")
+    assert replay(["dataset=csv", "trainer.resume=auto"], tmp_path) == [
+        "trainer.epochs=2", "dataset=csv", "trainer.resume=auto", "hydra.output_subdir=null"]

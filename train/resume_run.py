@@ -67,13 +67,17 @@ def saved_overrides(run_dir: Path) -> list[str]:
 
 
 def replay(argv: list[str], run_dir: Path) -> list[str]:
-    """The run's overrides, then `argv`'s (a key set in both: `argv`'s value), and `.hydra/` left as it is. A URL
+    """The run's overrides, then `argv`'s (a key set in both: `argv`'s value; a group `argv` chooses again: none of
+    the run's keys inside it), and `.hydra/` left as it is. A URL
     whose credentials were masked in `.hydra/` cannot be replayed: it must be given again."""
     given = {key_of(o): o for o in argv}
+    regrouped = {key for key in given if "." not in key}  # `dataset=csv` chooses the group's keys afresh
     merged = []
     for override in saved_overrides(run_dir):
         key = key_of(override)
         mine = given.get(key)
+        if "." in key and key.split(".", 1)[0] in regrouped:
+            continue
         if mine is None:
             if MASKED in override:
                 raise ConfigError(f"{key}: the run's URL had credentials, masked in .hydra/; give {key}=... again "
