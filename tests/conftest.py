@@ -142,3 +142,12 @@ def whole_and_resumed(cfg, epoch: int, taken: int) -> tuple[list, list]:
     with data_from_config(cfg, DistEnv(), cpu) as data:
         data.train.load_state_dict(state)
         return whole, host(data.train)
+
+
+@pytest.fixture(scope="module")
+def shards(tiny_dataset, tmp_path_factory) -> Path:
+    """The tiny ImageFolder as shards of ~23 kB: 240 training samples over tens of shards, the last one shorter."""
+    out = tmp_path_factory.mktemp("shards")
+    subprocess.run([sys.executable, "scripts/make_shards.py", str(tiny_dataset), str(out), "--shard-bytes", "23000"],
+                   cwd=ROOT, check=True, capture_output=True)
+    return out

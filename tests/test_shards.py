@@ -48,15 +48,6 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> Non
     raise TimeoutError(f"nothing listens on {port}")
 
 
-@pytest.fixture(scope="module")
-def shards(tiny_dataset, tmp_path_factory) -> Path:
-    """The tiny ImageFolder as shards of ~23 kB: 240 training samples over tens of shards, the last one shorter."""
-    out = tmp_path_factory.mktemp("shards")
-    subprocess.run([sys.executable, "scripts/make_shards.py", str(tiny_dataset), str(out), "--shard-bytes", "23000"],
-                   cwd=ROOT, check=True, capture_output=True)
-    return out
-
-
 def labels(source) -> list[int]:
     return [source.read_encoded(index)[1] for index in range(len(source))]
 

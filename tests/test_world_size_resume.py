@@ -90,15 +90,6 @@ def test_the_rest_of_the_epoch_is_every_untrained_sample_once_then_epochs_as_a_f
     assert [take(train, 1) for train in streams] == [take(train, 1) for train in fresh]
 
 
-@pytest.fixture(scope="module")
-def shards(tiny_dataset, tmp_path_factory) -> Path:
-    """The tiny ImageFolder as shards of ~23 kB (tests/test_shards.py's set): 240 samples over tens of shards."""
-    out = tmp_path_factory.mktemp("shards")
-    subprocess.run([sys.executable, "scripts/make_shards.py", str(tiny_dataset), str(out), "--shard-bytes", "23000"],
-                   cwd=ROOT, check=True, capture_output=True)
-    return out
-
-
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 3)])
 def test_shards_contiguous_split_resumes_at_another_count_each_sample_once(shards, tmp_path, before, after):
     extra = ("dataset=shards", f"data.shard_cache_dir={tmp_path / 'cache'}")
