@@ -56,14 +56,21 @@ def torchrun_command(args: list[str], *, max_restarts: int = 0, nproc: int = 2,
 def torchrun(args: list[str], cwd: Path, *, max_restarts: int = 0, env: dict | None = None, nproc: int = 2,
              entry: tuple[str, ...] = ("-m", "train"), timeout: float = 400) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node=2 -m train ARGS`, for real. A job still running after `timeout` is a
-    failure that shows every thread's stack of the agent's children (SIGUSR2: the trainer's faulthandler)."""
-    import psutil
-
+    failure that shows every thread's stack of the agent's children."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.Popen(torchrun_command(args, max_restarts=max_restarts, nproc=nproc, entry=entry), cwd=cwd,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = finish_or_show_stacks(proc, timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def finish_or_show_stacks(proc: subprocess.Popen, timeout: float) -> tuple[str | None, str | None]:
+    """`proc.communicate()` within `timeout`; a torchrun job still running then is a failure that shows every
+    thread's stack of the agent's children (SIGUSR2: the trainer's faulthandler), never a silent hang."""
+    import psutil
+
     try:
-        out, err = proc.communicate(timeout=timeout)
+        return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         children = psutil.Process(proc.pid).children(recursive=True)
         for child in children:  # one at a time: processes dumping into one pipe at once interleave their lines
@@ -74,9 +81,8 @@ def torchrun(args: list[str], cwd: Path, *, max_restarts: int = 0, env: dict | N
             with contextlib.suppress(psutil.Error):
                 process.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"torchrun still running after {timeout:.0f} s; its output:\n{out[-3000:]}\n"
-                             f"its stderr, with every thread's stack:\n{err[-30000:]}") from None
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        raise AssertionError(f"torchrun still running after {timeout:.0f} s; its output:\n{(out or '')[-3000:]}\n"
+                             f"its stderr, with every thread's stack:\n{(err or '')[-30000:]}") from None
 
 
 def only_run_dir(cwd: Path) -> Path:

@@ -25,6 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import ROOT, compose_config, run_cli
+from tests.test_distributed import finish_or_show_stacks
 from train.config import ConfigError, validate
 from train.dist import DistEnv
 from train.memory import MemorySampler
@@ -316,7 +317,7 @@ def test_torchrun_ranks_serve_base_port_plus_local_rank(tiny_dataset, tmp_path):
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     seen: dict[int, dict] = {}
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 150
         while len(seen) < 2 and time.monotonic() < deadline and proc.poll() is None:
             for rank in set(range(2)) - set(seen):
                 try:
@@ -326,7 +327,7 @@ def test_torchrun_ranks_serve_base_port_plus_local_rank(tiny_dataset, tmp_path):
                 if value(metrics, "loadout_step"):
                     seen[rank] = metrics
             time.sleep(0.2)
-        _, err = proc.communicate(timeout=300)
+        _, err = finish_or_show_stacks(proc, timeout=150)
     finally:
         if proc.poll() is None:
             proc.kill()
