@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ from train.data.batch import Batch
 from train.data.stream import LoaderPositions
 from train.dist import DistEnv, any_rank, barrier
 from train.epoch_batches import EpochBatches, batches_per_epoch
-from train.metrics import EpochMeter, append_jsonl, epoch_line, reduce_over_ranks
+from train.metrics import EpochMeter, SourceTally, append_jsonl, epoch_line, reduce_over_ranks
 from train.micro_batch import said_in_one_line
 from train.monitoring import Monitor
 from train.nonfinite import Diverged
@@ -228,7 +229,7 @@ class Trainer:
         tc = self.tc
         self.step.ddp.train()
         self.data.set_epoch(self.progress.epoch)
-        meter = EpochMeter(self.device, self.memory)
+        meter = EpochMeter(self.device, self.memory, self.source_tally())
         remaining = self.batches.per_epoch - self.progress.batch_in_epoch
         skipped_before = self.step.skipped
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
@@ -246,7 +247,7 @@ class Trainer:
             self.progress.step += updated
             # no .item(): the GPU is not synced every step
             meter.stepped(len(batch), loss, batch.bad, batch.decode_fallbacks,
-                          *((self.step.grad_norm, self.step.lr) if updated else ()))
+                          *((self.step.grad_norm, self.step.lr) if updated else (None, None)), indices=batch.indices)
             self.monitor.on_step(self.progress.step, meter)
             if not updated:
                 continue
@@ -263,6 +264,14 @@ class Trainer:
         skipped = self.step.skipped - skipped_before
         self.settle()  # the last step's question, answered before the epoch's collectives
         return {**reduce_over_ranks(meter.summary(), self.env, self.device), "skipped_steps": skipped}
+
+    def source_tally(self) -> SourceTally | None:
+        """dataset=mix: the samples each source gives this epoch (overfit replays the first epoch's batches)."""
+        names = self.data.part_names
+        if names is None:
+            return None
+        epoch = 0 if self.tc.overfit_batches else self.progress.epoch
+        return SourceTally(names, partial(self.data.parts_of, epoch))
 
     def validate(self, path: Path) -> dict:
         """trainer.mode=validate: the checkpoint's weights on the val split; one metrics row."""

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from train.dist import DistEnv, all_reduce_max, all_reduce_sum
@@ -83,6 +85,8 @@ EPOCH = _table(
     Metric("skipped_steps", "Optimizer steps skipped (non-finite gradients)", shown="skipped_steps {}",
            shown_when_zero=False),
     Metric("images", "Training images in the epoch, all ranks"),
+    Metric("source_samples", "dataset=mix: the training samples each source gave in the epoch, all ranks "
+           "({name: count})"),
     Metric("epoch_complete", "False when trainer.max_steps cut the epoch short"),
 )
 # Memory at a moment (bytes): TensorBoard `memory/<key>` at each window, Prometheus at each scrape.
@@ -134,6 +138,25 @@ def epoch_line(record: dict, epochs: int, max_steps: int | None = None) -> str:
 
 
 
+class SourceTally:
+    """The samples each source of a mix gave (dataset=mix): `part_of(indices)` names each index's source by its
+    place in `names`. Counted on the host from the batch's indices, so no step waits for the device."""
+
+    def __init__(self, names: Sequence[str], part_of: Callable[[torch.Tensor], np.ndarray]):
+        self.names, self.part_of = tuple(names), part_of
+        self.counts = np.zeros(len(self.names), dtype=np.int64)
+
+    def add(self, indices: torch.Tensor | None) -> None:
+        if indices is not None and len(indices):
+            self.counts += np.bincount(self.part_of(indices.numpy()), minlength=len(self.names))
+
+    def clear(self) -> None:
+        self.counts[:] = 0
+
+    def figures(self) -> dict[str, int]:
+        return {name: int(count) for name, count in zip(self.names, self.counts, strict=True)}
+
+
 @dataclass
 class EpochMeter:
     """Times one epoch (or a window of it). Call `waited` when a batch arrives and `stepped` when its step is
@@ -142,6 +165,7 @@ class EpochMeter:
 
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     memory: MemorySampler | None = None
+    sources: SourceTally | None = None  # dataset=mix: the samples each source gave
     start: float = field(default_factory=time.perf_counter)
     data_wait_s: float = 0.0
     first_batch_s: float | None = None
@@ -168,8 +192,12 @@ class EpochMeter:
         self._mark = now
 
     def stepped(self, batch_size: int, loss: torch.Tensor | float = 0.0, bad: int = 0, fallbacks: int = 0,
-                grad_norm: torch.Tensor | None = None, lr: float | None = None) -> None:
-        """A batch's step was queued; `grad_norm` and `lr` when the optimizer stepped."""
+                grad_norm: torch.Tensor | None = None, lr: float | None = None,
+                indices: torch.Tensor | None = None) -> None:
+        """A batch's step was queued; `grad_norm` and `lr` when the optimizer stepped; `indices` (on the host):
+        its samples, counted by source for a mix."""
+        if self.sources is not None:
+            self.sources.add(indices)
         if grad_norm is not None:
             self.updates += 1
             self._grad_norm_sum = self._grad_norm_sum + grad_norm
@@ -190,6 +218,8 @@ class EpochMeter:
         self.data_wait_s, self.images, self.steps, self._loss_sum = 0.0, 0, 0, 0.0
         self.updates, self._grad_norm_sum = 0, 0.0
         self.bad_samples = self.decode_fallbacks = 0
+        if self.sources is not None:
+            self.sources.clear()
 
     @property
     def loss_sum(self) -> float:
@@ -224,6 +254,7 @@ class EpochMeter:
             **({"grad_norm": self.grad_norm_sum / self.updates} if self.updates else {}),
             "decode_fallbacks": self.decode_fallbacks,
             "images": self.images,
+            **({"source_samples": self.sources.figures()} if self.sources is not None else {}),
             **gpu,
         }
 
@@ -238,6 +269,10 @@ def reduce_over_ranks(stats: dict, env: DistEnv, device: torch.device) -> dict:
          stats["decode_fallbacks"]], device)
     stats.update(train_loss=loss_sum / max(images, 1), images=int(images), images_per_s=images_per_s,
                  bad_samples=int(bad), decode_fallbacks=int(fallbacks))
+    if "source_samples" in stats:  # every rank has the same sources, in the same order
+        names = list(stats["source_samples"])
+        totals = all_reduce_sum([stats["source_samples"][name] for name in names], device)
+        stats["source_samples"] = {name: int(total) for name, total in zip(names, totals, strict=True)}
     for key in ("data_wait_frac", "first_batch_s", "epoch_s", "peak_pss_mb", "gpu_peak_mb", "gpu_reserved_mb"):
         if key in stats:
             stats[key] = all_reduce_max(stats[key], device)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from train.build import fitted_spec, instantiate
@@ -44,8 +45,22 @@ class DataPipeline:
     samples: tuple[Samples, Samples]  # (train, val): what their workers read, noted on one ActivityBoard
 
     def set_epoch(self, epoch: int) -> None:
-        """Position the training stream at `epoch` (the sampler's own set_epoch runs as its indices are drawn)."""
+        """Position the training stream at `epoch` (the sampler's own set_epoch runs as its indices are drawn); a
+        source told epochs hears it here too, so the main process names a stuck sample of this epoch."""
         self.train.set_epoch(epoch)
+        source = self.samples[0].source
+        if Offers.of(source).set_epoch:
+            source.set_epoch(epoch)
+
+    @property
+    def part_names(self) -> tuple[str, ...] | None:
+        """The sources a mixed training source draws from (dataset=mix), else None."""
+        source = self.samples[0].source
+        return tuple(source.parts) if Offers.of(source).parts else None
+
+    def parts_of(self, epoch: int, indices) -> np.ndarray:
+        """The part (a place in `part_names`) of each training index of `epoch`."""
+        return self.samples[0].source.part_of(epoch, indices)
 
     def stuck_read(self) -> str | None:
         """The worker that has been reading one sample longest and that sample, for a timed-out loader's error."""
@@ -102,6 +117,9 @@ def _sample_cache(data, train: Source) -> SharedSampleCache | None:
     """The shared sample cache (data.cache_bytes), allocated in the main process before any worker starts."""
     if not data.cache_bytes:
         return None
+    if Offers.of(train).ordered:
+        raise ConfigError(f"data.cache_bytes={data.cache_bytes}: the sample cache keeps samples by index, and "
+                          f"{type(train).__name__} reads other samples at an index each epoch: set it to 0")
     if Offers.of(train).decoded:
         raise ConfigError(f"data.cache_bytes={data.cache_bytes}: the sample cache is for datasets that decode "
                           f"({type(train).__name__} stores decoded images already): set it to 0")

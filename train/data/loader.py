@@ -121,9 +121,10 @@ class ShardWindowSampler(Sampler[int]):
 
 
 def build_sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int) -> Sampler:
-    """data.sampler for training (auto: distributed under torchrun, else random or sequential by data.shuffle);
-    validation in order, each rank its own contiguous shard. Over a source that fetches shards, the next
-    data.prefetch_shards of them are fetched ahead of the workers (fetch_ahead.py)."""
+    """data.sampler for training (auto: distributed under torchrun, else random or sequential by data.shuffle; a
+    source whose order is the training order, dataset=mix, split over ranks as it stands); validation in order,
+    each rank its own contiguous shard. Over a source that fetches shards, the next data.prefetch_shards of them are
+    fetched ahead of the workers (fetch_ahead.py)."""
     sampler = _sampler(dataset, data, env, train, seed)
     fetch = getattr(dataset, "fetch_shard", None)  # Samples: the source's, where it fetches shards
     if fetch is not None and data.prefetch_shards > 0:
@@ -144,6 +145,12 @@ def _sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int, annou
     if not train:
         return ShardSampler(len(dataset), env.rank, env.world_size) if env.distributed else SequentialSampler(dataset)
     kind = data.sampler
+    if getattr(getattr(dataset, "source", dataset), "ordered", False):  # dataset=mix: its order is the order
+        if kind == "weighted":
+            raise ConfigError("data.sampler=weighted: dataset=mix draws its own order, each source by its "
+                              "dataset.sources.<name>.weight; use data.sampler=auto")
+        return ShardWindowSampler(np.array([0, len(dataset)]), 1, seed, env.rank, env.world_size, shuffle=False,
+                                  drop_last=data.drop_last)  # one "shard" in order: contiguous equal rank parts
     starts = getattr(dataset, "shard_starts", None)  # Samples: the source's, where it is sharded
     if starts is not None and kind in ("auto", "distributed", "random"):  # sharded data: shards mostly in sequence
         window = shard_window(starts, data.shuffle_window, getattr(dataset, "label_spread", None),

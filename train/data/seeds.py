@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SAMPLE, SAMPLER, LOADER, BATCH_MIX = range(4)
+SAMPLE, SAMPLER, LOADER, BATCH_MIX, MIX = range(5)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK64 = (1 << 64) - 1

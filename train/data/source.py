@@ -17,6 +17,10 @@ A source is a map-style dataset built from the `dataset:` config group with `spl
                 shard_starts the first index of each shard: training reads a window of shards at a time
                 fetch_shard  shard -> None: bring a shard onto this node ahead of its reads (with shard_starts; a
                              thread of the main process calls it for the shards the order reaches next)
+                ordered      True when the source's index order is the training order already (dataset=mix): the
+                             sampler only splits it over ranks, in contiguous parts
+                parts        names of the sources a mix draws from, with part_of(epoch, indices) -> each index's
+                             part: metrics.jsonl counts the samples each part gave an epoch (mix.py)
 
 Everything else a run gives every source alike (samples.py): the per-sample seeds, the sample cache, the transform,
 bad samples skipped, stuck reads named.
@@ -58,6 +62,8 @@ class Offers:
     read_encoded: bool
     shard_starts: bool
     fetch_shard: bool
+    ordered: bool = False
+    parts: bool = False
 
     @classmethod
     def of(cls, source: Source) -> Offers:
@@ -66,7 +72,9 @@ class Offers:
                    size=getattr(source, "size", None), read_crops=hasattr(source, "read_crops"),
                    set_epoch=hasattr(source, "set_epoch"),
                    read_encoded=hasattr(source, "read_encoded"), shard_starts=hasattr(source, "shard_starts"),
-                   fetch_shard=hasattr(source, "shard_starts") and hasattr(source, "fetch_shard"))
+                   fetch_shard=hasattr(source, "shard_starts") and hasattr(source, "fetch_shard"),
+                   ordered=bool(getattr(source, "ordered", False)),
+                   parts=hasattr(source, "parts") and hasattr(source, "part_of"))
 
 
 def as_uint8_tensor(image) -> torch.Tensor:

@@ -1,0 +1,265 @@
+"""dataset=mix: several sources in one training order, each its weighted share of an epoch of
+`samples_per_epoch` samples (Mosaic Streaming's `Stream(proportion=)`, litdata's `CombinedStreamingDataset(weights=)`).
+
+Each source is built from its own `_target_` spec under `dataset.sources.<name>` with its own store settings (root,
+cache, timeout), and may carry a `transform` of its own, applied to its uint8 image before the run's transform.
+
+The mix is the training order: position p of epoch e is a function of (seed, e, p) alone, so the sampler only splits
+the positions into contiguous per-rank parts (loader.py) and exact resume, another worker count and another world
+size work on positions as for any source. An epoch of N positions gives source k `round(N * w_k / sum(w))` of them
+(largest remainders), interleaved stratified: any stretch of the order holds the sources close to their weights. A
+source reads its own endless stream of passes: each pass is every sample once, in a fresh order (a shuffle, or the
+shard window order for a sharded source, so its reads stay mostly sequential and its node cache bounded), and an
+epoch takes the next `count` entries. So a source drawn less than its size goes through all its samples over the
+epochs before any repeats (without replacement), and one drawn more repeats whole passes (with replacement only
+across passes). data.shuffle=false: every pass in stored order, interleaved evenly.
+
+Classes are the union of the sources' class names, the first source's in its order then each later source's new
+names; labels map by name. Validation reads every source's val split whole, one after another. A source whose read
+fails is named in the error (`dataset.sources.<name>`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from train.build import instantiate
+from train.config import ConfigError, first_line
+from train.data.decode import UNREADABLE
+from train.data.seeds import MIX, mixed_seed
+from train.data.shard_order import shard_window
+from train.data.shard_store import ShardError
+from train.data.source import Source, as_uint8_tensor, sample_name
+
+log = logging.getLogger(__name__)
+
+RESERVED = ("weight", "transform")  # a source entry's own keys; the rest is its `_target_` spec
+PLANS_HELD = 2  # epochs whose order a process keeps (the workers prefetch across one boundary)
+
+
+class MixReadError(OSError):
+    """A source's sample could not be read (an OSError: the run skips it as a bad sample); names the source."""
+
+
+class MixSource:
+    """The sources of `dataset.sources` mixed by weight (module docstring). Offers `set_epoch` (each sample's epoch
+    picks its order), `paths`, `min_side` (handed to the sources that take it), and `parts`/`part_of` for the
+    per-source counts in metrics.jsonl; `ordered`: the sampler keeps its order and only splits it over ranks."""
+
+    ordered = True
+
+    def __init__(self, sources: Mapping, split: str = "train", seed: int = 0, samples_per_epoch: int | None = None,
+                 shuffle: bool = True, shuffle_window: int | None = None):
+        entries = _entries(sources)
+        self.split, self.seed, self.shuffle, self.epoch = split, int(seed), bool(shuffle), 0
+        self.names = tuple(name for name, _, _, _ in entries)
+        self.parts = self.names
+        self.sources: list[Source] = [_build(name, spec, split) for name, _, spec, _ in entries]
+        self.transforms = [None if spec is None else instantiate(f"dataset.sources.{name}.transform", spec)
+                           for name, _, _, spec in entries]
+        self.classes, self.label_maps = _union_of_classes(self.names, self.sources)
+        self.lengths = np.array([len(source) for source in self.sources], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+        self.paths = MixPaths(self)
+        if split != "train":  # validation: every source's split whole, in turn
+            self.counts, self.length = self.lengths, int(self.offsets[-1])
+            return
+        if samples_per_epoch is not None and (not isinstance(samples_per_epoch, int) or samples_per_epoch < 1):
+            raise ConfigError(f"dataset.samples_per_epoch={samples_per_epoch!r}: use an integer >= 1, or null for "
+                              f"the sources' samples together ({int(self.offsets[-1])})")
+        self.length = int(samples_per_epoch or self.offsets[-1])
+        self.counts = shares(self.length, np.array([weight for _, weight, _, _ in entries]))
+        for name, count in zip(self.names, self.counts, strict=True):
+            if count == 0:
+                raise ConfigError(f"dataset.sources.{name}.weight: gives it none of the {self.length} samples an "
+                                  "epoch; raise its weight or dataset.samples_per_epoch")
+        self.windows = [_window(name, source, shuffle_window) for name, source in zip(self.names, self.sources,
+                                                                                      strict=True)]
+        self._plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if int(os.environ.get("RANK", "0")) == 0:
+            log.info("dataset=mix: %d samples an epoch from %s", self.length, ", ".join(
+                f"{name} {count} (of {n})" for name, count, n in zip(self.names, self.counts, self.lengths,
+                                                                    strict=True)))
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_plans": {}}  # each worker draws the epochs it reads
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def min_side(self) -> int | None:
+        return next((source.min_side for source in self.sources if hasattr(source, "min_side")), None)
+
+    @min_side.setter
+    def min_side(self, value: int | None) -> None:
+        for source in self.sources:
+            if hasattr(source, "min_side"):
+                source.min_side = value
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def locate(self, index: int, epoch: int | None = None) -> tuple[int, int]:
+        """(source, its sample) at position `index` of `epoch` (default: the epoch `set_epoch` gave)."""
+        if self.split != "train":
+            part = int(np.searchsorted(self.offsets, index, side="right")) - 1
+            return part, int(index - self.offsets[part])
+        which, sample = self.plan(self.epoch if epoch is None else epoch)
+        return int(which[index]), int(sample[index])
+
+    def part_of(self, epoch: int, indices) -> np.ndarray:
+        """The source (its place in `parts`) of each position in `indices` of `epoch`."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if self.split != "train":
+            return np.searchsorted(self.offsets, indices, side="right") - 1
+        return self.plan(epoch)[0][indices]
+
+    def plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, sample) of every position of `epoch`, drawn from (seed, epoch) alone."""
+        if epoch not in self._plans:
+            while len(self._plans) >= PLANS_HELD:
+                self._plans.pop(min(self._plans))
+            self._plans[epoch] = self._draw(epoch)
+        return self._plans[epoch]
+
+    def _draw(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(mixed_seed(self.seed, MIX, 0, epoch))
+        # stratified: the i-th of a source's c draws sits at (i + u) / c of the epoch, u in [0, 1)
+        slots = np.concatenate([(np.arange(count) + (rng.random(count) if self.shuffle else 0.5)) / count
+                                for count in self.counts])
+        which = np.repeat(np.arange(len(self.counts), dtype=np.int16), self.counts)[np.argsort(slots, kind="stable")]
+        sample = np.empty(self.length, dtype=np.int64)
+        for part, count in enumerate(self.counts):
+            sample[which == part] = self._stream(part, epoch * int(count), int(count))
+        return which, sample
+
+    def _stream(self, part: int, start: int, count: int) -> np.ndarray:
+        """Entries start..start+count of source `part`'s passes (each every sample once, in its own order)."""
+        n = int(self.lengths[part])
+        first, last = start // n, (start + count - 1) // n
+        passes = np.concatenate([self._pass(part, number) for number in range(first, last + 1)])
+        return passes[start - first * n:start - first * n + count]
+
+    def _pass(self, part: int, number: int) -> np.ndarray:
+        n, starts = int(self.lengths[part]), getattr(self.sources[part], "shard_starts", None)
+        if not self.shuffle:
+            return np.arange(n)
+        rng = np.random.default_rng(mixed_seed(self.seed, MIX, 1, part, number))
+        if starts is None:
+            return rng.permutation(n)
+        order = rng.permutation(len(starts) - 1)  # the shard window order: shards shuffled, a window's samples too
+        window = self.windows[part]
+        return np.concatenate([rng.permutation(np.concatenate([np.arange(starts[s], starts[s + 1])
+                                                               for s in order[first:first + window]]))
+                               for first in range(0, len(order), window)])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        part, sample = self.locate(index)
+        source, name = self.sources[part], self.names[part]
+        if hasattr(source, "set_epoch"):
+            source.set_epoch(self.epoch)
+        try:
+            image, label = source[sample][:2]
+        except ShardError as err:  # the shard's samples are logged once (samples.py): keep what names it
+            raise ShardError(f"dataset.sources.{name}: {err}", err.about) from err
+        except UNREADABLE as err:
+            raise MixReadError(f"dataset.sources.{name}: {first_line(err)}") from err
+        except Exception as err:
+            err.add_note(f"reading dataset.sources.{name}, {sample_name(source, sample)}")
+            raise
+        image = as_uint8_tensor(image)
+        transform = self.transforms[part]
+        return (image if transform is None else transform(image)), int(self.label_maps[part][int(label)])
+
+
+class MixPaths:
+    """`paths[p]` names position p as `dataset.sources.<name>: <the source's own name of the sample>`."""
+
+    def __init__(self, mix: MixSource):
+        self.mix = mix
+
+    def __getitem__(self, index: int) -> str:
+        part, sample = self.mix.locate(int(index))
+        return f"dataset.sources.{self.mix.names[part]}: {sample_name(self.mix.sources[part], sample)}"
+
+
+def shares(total: int, weights: np.ndarray) -> np.ndarray:
+    """`total` split by `weights`, rounded by largest remainders (the counts sum to `total` exactly)."""
+    exact = total * weights / weights.sum()
+    counts = np.floor(exact).astype(np.int64)
+    counts[np.argsort(-(exact - counts), kind="stable")[:total - int(counts.sum())]] += 1
+    return counts
+
+
+def _entries(sources) -> list[tuple[str, float, dict, dict | None]]:
+    """(name, weight, `_target_` spec, transform spec) of each source, or one line naming what is wrong."""
+    if isinstance(sources, DictConfig):
+        sources = OmegaConf.to_container(sources, resolve=True)
+    if not isinstance(sources, Mapping) or not sources:
+        raise ConfigError("dataset.sources: name at least one source, e.g. dataset.sources.photos={_target_: "
+                          "train.data.datasets.ImageFolderDataset, root: /data/photos, weight: 3} (conf/dataset/"
+                          "mix.yaml)")
+    entries = []
+    for name, entry in sources.items():
+        key = f"dataset.sources.{name}"
+        if not isinstance(entry, Mapping) or "_target_" not in entry:
+            raise ConfigError(f"{key}: needs a _target_ (a dataset class such as train.data.datasets."
+                              "ImageFolderDataset) and its keys, and a weight")
+        spec = dict(entry)
+        weight = spec.pop("weight", None)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not np.isfinite(weight) or weight <= 0:
+            raise ConfigError(f"{key}.weight={weight!r}: give each source a weight > 0 (its share of an epoch is "
+                              "its weight over the sum of the weights)")
+        entries.append((str(name), float(weight), spec, spec.pop("transform", None)))
+    return entries
+
+
+def _build(name: str, spec: dict, split: str) -> Source:
+    """One source's `split` from its spec; its errors name it."""
+    key = f"dataset.sources.{name}"
+    try:
+        source = instantiate(key, OmegaConf.create(spec), split=split)
+    except ConfigError as err:
+        message = str(err)
+        raise ConfigError(message if message.startswith(key) else f"{key}: {message}") from err
+    if not isinstance(source, Source):
+        raise ConfigError(f"{key}._target_={spec['_target_']}: needs `classes`, `__len__` and `__getitem__`: a "
+                          "map-style dataset (train/data/source.py)")
+    if len(source) == 0:
+        raise ConfigError(f"{key}: the {split} split is empty")
+    return source
+
+
+def _union_of_classes(names: tuple[str, ...], sources: list[Source]) -> tuple[list[str], list[np.ndarray]]:
+    """The union of the sources' class names (the first source's first) and each source's label -> union label."""
+    classes: dict[str, int] = {}
+    maps = []
+    for name, source in zip(names, sources, strict=True):
+        own = [str(c) for c in source.classes]
+        if len(set(own)) != len(own):
+            twice = sorted({c for c in own if own.count(c) > 1})
+            raise ConfigError(f"dataset.sources.{name}: class names {twice} appear more than once; labels map by "
+                              "name across the sources, so each must be unique")
+        new = [c for c in own if c not in classes]
+        if classes and new:
+            log.info("dataset.sources.%s adds %d classes not in the sources before it: %s", name, len(new),
+                     ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""))
+        for c in new:
+            classes[c] = len(classes)
+        maps.append(np.array([classes[c] for c in own], dtype=np.int64))
+    return list(classes), maps
+
+
+def _window(name: str, source: Source, window: int | None) -> int:
+    """The shards a sharded source's passes shuffle together (data.shuffle_window, or sized from its labels)."""
+    starts = getattr(source, "shard_starts", None)
+    if starts is None:
+        return 1
+    return shard_window(starts, window, getattr(source, "label_spread", None), announce=False)
