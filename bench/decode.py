@@ -2,7 +2,9 @@
 """JPEG decoding in one process, one thread: loadout's decoder (train/data/decode.py: simplejpeg, at the DCT scale
 the resize needs) against torchvision.io.decode_image and PIL, images/s on the embedded set (80 px), a 320 px set
 (Resize 256 -> RandomCrop 224) and ImageNet-sized 500 px JPEGs. At these sizes no DCT scale keeps the resize size,
-so every file is decoded whole: loadout / torchvision >= 1 is no regression (12 MP photos: bench/photos.py).
+so every file is decoded whole: loadout / torchvision >= 1 is no regression (12 MP photos: bench/photos.py). The
+same on real photographs (scripts/make_photos.py: ~500x375, quality 90), which compress less simply than the
+synthetic sets.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torchvision.transforms.v2 import functional as F
 from train.data.decode import decode_image_file
 
 IMAGENET_DATA = Path(os.environ.get("IMAGENET_DATA", ROOT / "data" / "synthetic-500"))
+REAL_DATA = Path(os.environ.get("REAL_DATA", ROOT / "data" / "photos-500"))
 DECODERS = {
     "loadout": lambda raw, side: decode_image_file(raw, side),
     "torchvision": lambda raw, side: decode_image(torch.frombuffer(bytearray(raw), dtype=torch.uint8),
@@ -43,8 +46,12 @@ def rates(files: list[bytes], resize: int, rounds: int = 3) -> dict[str, float]:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    for root, resize in ((DATA, 73), (SEED_DATA, 256), (IMAGENET_DATA, 256)):  # the resize sizes of 64 / 224 px crops
-        files = [path.read_bytes() for path in jpeg_files(root)[:1000]]
+    sets = ((DATA, 73), (SEED_DATA, 256), (IMAGENET_DATA, 256), (REAL_DATA, 256))  # resize sizes of 64 / 224 px crops
+    for root, resize in sets:
+        paths = sorted((root / "train").glob("*/*.JPEG")) if root == REAL_DATA else jpeg_files(root)
+        if not paths:
+            raise SystemExit(f"no JPEGs under {root}/train: `make bench` makes them (scripts/make_photos.py)")
+        files = [path.read_bytes() for path in paths[:1000]]
         rate = rates(files, resize)
         ratio = rate['loadout'] / rate["torchvision"]
         report(f"decode loadout / torchvision.io, {root.name}", ratio, ">= 1 (no regression)", ratio >= 1,

@@ -23,6 +23,7 @@ import numpy as np
 import simplejpeg
 import torch
 from PIL import Image
+from torchvision.transforms.v2 import functional as F
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 UNREADABLE = (OSError, ValueError, RuntimeError)  # what decoding a broken file raises (PIL, libjpeg-turbo, torch)
@@ -39,20 +40,58 @@ def dct_scale(width: int, height: int, min_side: int | None) -> int:
 def decode_image_file(data: bytes, min_side: int | None = None) -> torch.Tensor:
     """A file's bytes as a uint8 RGB image (C, H, W), laid out HWC in memory as the JPEG decoder writes it. With
     `min_side`, a JPEG is decoded at the smallest DCT scale that keeps its shorter side >= min_side."""
+    return _decode(data, lambda height, width: dct_scale(width, height, min_side))[0]
+
+
+def decode_crop(data: bytes, box: tuple[float, float, float, float], out: tuple[int, int],
+                interpolation=F.InterpolationMode.BILINEAR, antialias: bool = True) -> torch.Tensor:
+    """The `box` (top, left, height, width, in the stored image's pixels) of an image file resized to `out` (H, W),
+    as a whole decode + crop + resize gives it, but a JPEG decoded at the largest DCT reduction that keeps the box
+    >= `out` (RandomResizedCrop: a small crop of a large photo needs a fraction of its pixels)."""
+    top, left, height, width = box
+
+    def scale(stored_h: int, stored_w: int) -> int:
+        return next((s for s in SCALES if round(height / s) >= out[0] and round(width / s) >= out[1]), 1)
+
+    image, (stored_h, stored_w) = _decode(data, scale)
+    ratio_h, ratio_w = image.shape[-2] / stored_h, image.shape[-1] / stored_w
+    top, left = round(top * ratio_h), round(left * ratio_w)
+    height, width = max(1, round(height * ratio_h)), max(1, round(width * ratio_w))
+    return F.resize(image[:, top:top + height, left:left + width], list(out), interpolation=interpolation,
+                    antialias=antialias)
+
+
+def _decode(data: bytes, pick_scale) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The image (C, H, W; HWC in memory) at the DCT scale `pick_scale(stored_h, stored_w)` picks for a JPEG, whole
+    for other formats, and the stored (H, W)."""
     if data[:3] == JPEG_MAGIC:
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-            scale = dct_scale(width, height, min_side)
+            scale = pick_scale(height, width)
             # asked for exactly 1/scale's size: TurboJPEG takes the smallest M/8 scaling at least that large, and
             # would otherwise pick a slow one in between (3/8, 5/8)
             pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=math.ceil(height / scale),
                                             min_width=math.ceil(width / scale))
-            return torch.from_numpy(pixels).permute(2, 0, 1)
+            return torch.from_numpy(pixels).permute(2, 0, 1), (height, width)
         except ValueError:
             pass  # not decodable to RGB by TurboJPEG (CMYK, damaged): PIL decides
     with Image.open(io.BytesIO(data)) as image:
         pixels = np.array(image.convert("RGB"))  # writable: transforms may write in place
-    return torch.from_numpy(pixels).permute(2, 0, 1)  # HWC in memory, as the JPEG path
+    return torch.from_numpy(pixels).permute(2, 0, 1), pixels.shape[:2]  # HWC in memory, as the JPEG path
+
+
+def decoded_size(data: bytes, min_side: int | None) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(stored (H, W), the (H, W) `decode_image_file(data, min_side)` gives) from the header alone."""
+    if data[:3] == JPEG_MAGIC:
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            if colorspace not in ("CMYK", "YCCK"):  # those go through PIL, whole
+                scale = dct_scale(width, height, min_side)
+                return (height, width), (math.ceil(height / scale), math.ceil(width / scale))
+        except ValueError:
+            pass
+    stored = image_size(data)
+    return stored, stored
 
 
 def image_size(data: bytes) -> tuple[int, int]:

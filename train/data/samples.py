@@ -9,6 +9,10 @@ The DataLoader hands `Samples.__getitems__` a whole batch of keys: `(epoch, inde
    when data.timeout fires (activity.py);
 3. load: `source[index]` as a uint8 CHW tensor, or from the shared sample cache (cache.py);
 4. transform: the recipe's per-sample pipeline (augment.py, transforms.py);
+   a pipeline that starts with RandomResizedCrop, on a source that decodes with decode.py (it has `min_side`, set
+   by data.scaled_decode) and offers `read_encoded`, takes 3-4 crop first: the box drawn from the header on the
+   size the source would decode at (the same draws, so the same boxes as a whole decode and as data.decode=device),
+   then only what the crop needs decoded (decode.decode_crop), then the pipeline's other steps;
 5. skip a bad sample: an unreadable one becomes None (counted by the collate) or, with data.on_bad_sample=raise,
    an error naming its file; the samples of a shard that cannot be had are one log line, not one each.
 A source that crops whole batches (`read_crops`, the packed format) takes steps 3-4 a batch at a time when the
@@ -28,13 +32,13 @@ from torch.utils.data import Dataset, get_worker_info
 
 from train.data.activity import ActivityBoard
 from train.data.cache import SharedSampleCache
-from train.data.decode import UNREADABLE, exif_orientation, image_size
+from train.data.decode import UNREADABLE, decode_crop, decoded_size, exif_orientation, image_size
 from train.data.encoded import BoxPlan, EncodedSample
 from train.data.loader import LoaderError
 from train.data.seeds import sample_seeds
 from train.data.shard_store import ShardError
 from train.data.source import Offers, Source, as_uint8_tensor, sample_name
-from train.data.transforms import CropFlipPlan
+from train.data.transforms import CropFlipPlan, ResizedCropFirst
 from train.data.workers import one_torch_thread
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,9 @@ class Samples(Dataset):
         batched = self.offers.read_crops and self.offers.size and self.offers.targets
         plan = CropFlipPlan.of(transform) if batched else None
         self.crops = plan if plan is not None and cache is None and encoded is None else None
+        decodes_here = self.offers.read_encoded and getattr(source, "min_side", None) is not None
+        self.crop_first = ResizedCropFirst.of(transform) if decodes_here and cache is None and encoded is None \
+            else None
         self._told: set[str] = set()  # the shards (or stores) whose loss this process has logged
 
     def __len__(self) -> int:
@@ -128,6 +135,9 @@ class Samples(Dataset):
         try:
             if self.encoded is not None:  # data.decode=device: the file and its box, decoded on the device
                 return (*self._encoded(index), index)
+            if self.crop_first is not None:  # the crop decoded alone, then the rest of the pipeline
+                image, label = self._crop(index)
+                return self.crop_first.finish(image), int(label), index
             image, label = self._load(index) if self.cache is None else self.cache.fetch(index, self._load)
         except UNREADABLE as err:
             return self._bad(index, err)
@@ -142,6 +152,17 @@ class Samples(Dataset):
         data, label = self.source.read_encoded(index)
         box = self.encoded.draw(image_size(data), getattr(self.source, "min_side", None), exif_orientation(data))
         return EncodedSample(data, box), int(label)
+
+    def _crop(self, index: int) -> tuple[torch.Tensor, int]:
+        """The RandomResizedCrop of a sample, its box drawn on the size the source decodes at (DCT-scaled), mapped
+        to the stored image, decoded at the scale that box needs."""
+        data, label = self.source.read_encoded(index)
+        (height, width), decoded = decoded_size(data, self.source.min_side)
+        top, left, box_h, box_w = self.crop_first.box(decoded)
+        ratio_h, ratio_w = height / decoded[0], width / decoded[1]
+        crop = self.crop_first.crop
+        return decode_crop(data, (top * ratio_h, left * ratio_w, box_h * ratio_h, box_w * ratio_w), tuple(crop.size),
+                           crop.interpolation, crop.antialias), label
 
     def _load(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = self.source[index][:2]

@@ -10,7 +10,8 @@ The pipelines are `DirectCompose`s: a v2.Compose whose single-tensor path calls 
 `transform` directly (RandomCrop and RandomHorizontalFlip: v2's own draws, then a slice or a flip), the same RNG
 draws and pixels as v2 without its per-call input flattening, checks and dispatch (bench/RESULTS.md: decode). A
 source that crops whole batches (`read_crops`, the packed format) gets RandomCrop + RandomHorizontalFlip as a
-`CropFlipPlan` instead: the boxes drawn from each sample's 64-bit seed, vectorised.
+`CropFlipPlan` instead: the boxes drawn from each sample's 64-bit seed, vectorised. A pipeline that starts with
+RandomResizedCrop is split by `ResizedCropFirst` so that samples.py decodes the crop alone (decode.decode_crop).
 """
 
 from __future__ import annotations
@@ -195,3 +196,30 @@ class CropFlipPlan:
         for step in self.rest:
             batch = step(batch)
         return batch
+
+
+@dataclass(frozen=True)
+class ResizedCropFirst:
+    """A DirectCompose whose first step is RandomResizedCrop, split so the crop can be decoded alone
+    (decode.decode_crop): its box drawn from the image's size (the header's; the RNG draws are the same as on the
+    image), then the pipeline's other steps, in order, on the crop."""
+
+    crop: v2.RandomResizedCrop
+    rest: tuple
+
+    @classmethod
+    def of(cls, transform) -> ResizedCropFirst | None:
+        if not isinstance(transform, DirectCompose) or not transform.transforms \
+                or type(transform.transforms[0]) is not v2.RandomResizedCrop:
+            return None
+        return cls(transform.transforms[0], tuple(transform._steps[1:]))
+
+    def box(self, size: tuple[int, int]) -> tuple[int, int, int, int]:
+        """(top, left, height, width) the crop draws on an image of `size` (H, W)."""
+        params = self.crop.make_params([torch.empty(()).expand(3, *size)])  # its draws need the size alone
+        return params["top"], params["left"], params["height"], params["width"]
+
+    def finish(self, image: torch.Tensor) -> torch.Tensor:
+        for step in self.rest:
+            image = step(image)
+        return image
