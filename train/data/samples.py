@@ -7,8 +7,10 @@ The DataLoader hands `Samples.__getitems__` a whole batch of keys: `(epoch, inde
    crop and flip whatever the workers, ranks and restarts; transforms must draw from torch's RNG (torchvision's do);
 2. note the read: a worker writes (pid, index, start) on the ActivityBoard, so a read that never returns is named
    when data.timeout fires (activity.py);
-3. load: `source[index]` as a uint8 CHW tensor, or from the shared sample cache (cache.py);
-4. transform: the recipe's per-sample pipeline (augment.py, transforms.py);
+3. load: `source[index]` as a uint8 CHW tensor and its target, or from the shared sample cache (cache.py); a target
+   that is a mask (masks.py: uint8 (H, W), 255 = ignore) must match the image's size, else the sample is bad;
+4. transform: the recipe's per-sample pipeline (augment.py, transforms.py); an image with a mask goes through it as
+   (image, tv_tensors.Mask), so one geometric draw moves both (seg_augment.py);
    a pipeline that starts with RandomResizedCrop, on a source that decodes with decode.py (it has `min_side`, set
    by data.scaled_decode) and offers `read_encoded`, takes 3-4 crop first: the box drawn from the header on the
    size the source would decode at (the same draws, so the same boxes as a whole decode and as data.decode=device),
@@ -29,12 +31,14 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
+from torchvision import tv_tensors
 
 from train.data.activity import ActivityBoard
 from train.data.cache import SharedSampleCache
 from train.data.decode import UNREADABLE, decode_crop, decoded_size, exif_orientation, image_size
 from train.data.encoded import BoxPlan, EncodedSample
 from train.data.loader import LoaderError
+from train.data.masks import as_mask, check_mask_size
 from train.data.seeds import sample_seeds
 from train.data.shard_store import ShardError
 from train.data.source import Offers, Source, as_uint8_tensor, sample_name
@@ -68,7 +72,8 @@ def split_keys(keys: Sequence) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Samples(Dataset):
-    """`source`'s samples ready for a batch: `(image, label, index)` each, or None for an unreadable one.
+    """`source`'s samples ready for a batch: `(image, target, index)` each (the target an int label or a uint8
+    (H, W) mask), or None for an unreadable one.
 
     `board` and `first_slot`: the ActivityBoard rows this loader's workers write (`first_slot` + worker id)."""
 
@@ -138,13 +143,20 @@ class Samples(Dataset):
             if self.crop_first is not None:  # the crop decoded alone, then the rest of the pipeline
                 image, label = self._crop(index)
                 return self.crop_first.finish(image), int(label), index
-            image, label = self._load(index) if self.cache is None else self.cache.fetch(index, self._load)
+            image, target = self._load(index) if self.cache is None else self.cache.fetch(index, self._load)
         except UNREADABLE as err:
             return self._bad(index, err)
         finally:
             if slot is not None:
                 self.board.clear(slot)
-        return self.transform(image), int(label), index
+        return (*self._transformed(image, target), index)
+
+    def _transformed(self, image: torch.Tensor, target) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """The transform of an image and its label, or of an image and its mask together (one geometric draw)."""
+        if isinstance(target, torch.Tensor):  # a mask (`_load` made it one)
+            image, mask = self.transform(image.as_subclass(tv_tensors.Image), target.as_subclass(tv_tensors.Mask))
+            return image.as_subclass(torch.Tensor), mask.as_subclass(torch.Tensor)
+        return self.transform(image), int(target)
 
     def _encoded(self, index: int) -> tuple[EncodedSample, int]:
         """The encoded file with the box the transform would draw on the image the CPU path decodes (as stored: the
@@ -164,9 +176,13 @@ class Samples(Dataset):
         return decode_crop(data, (top * ratio_h, left * ratio_w, box_h * ratio_h, box_w * ratio_w), tuple(crop.size),
                            crop.interpolation, crop.antialias), label
 
-    def _load(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = self.source[index][:2]
-        return as_uint8_tensor(image), label
+    def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor | int]:
+        image, target = self.source[index][:2]
+        image, mask = as_uint8_tensor(image), as_mask(target)
+        if mask is None:
+            return image, target
+        check_mask_size(image, mask)
+        return image, mask
 
     def _crop_batch(self, indices: np.ndarray, seeds: np.ndarray, slot: int | None) -> list | None:
         """The whole batch through the source's `read_crops`; None when that read fails (then one by one)."""

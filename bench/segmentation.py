@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Segmentation's loader over classification's, images/s at the same image size (target >= 0.8): data only.
+
+Both read the same JPEGs (the embedded VOC-layout set, data/synthetic-voc: 80 px) through loadout's Samples path
+and a DataLoader with its shared-memory ring and data.num_workers workers, to data.image_size (64). Classification
+takes each image with a label through its default recipe (augment=crop_flip: Resize -> RandomCrop -> flip);
+segmentation takes the image and its PNG mask through augment=segmentation (RandomResize -> RandomCrop -> flip,
+one draw for both). The difference is the mask: its PNG decode, its geometry, its bytes through the hand-over.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from common import ROOT, images_per_s, interleaved_samples, machine, report, spread
+from torch.utils.data import DataLoader
+
+from train.data.augment import Recipe
+from train.data.decode import decode_image_file
+from train.data.plan import LoaderPlan
+from train.data.ring import build_collate
+from train.data.samples import Samples
+from train.data.seg_augment import SegmentationRecipe
+from train.data.voc import VOCSegmentation
+
+VOC_DATA = Path(os.environ.get("VOC_DATA", ROOT / "data" / "synthetic-voc"))
+WORKERS, BATCH, EPOCHS = 2, 64, 3
+
+
+class DataCfg:
+    image_size, resize_size, device_transforms = 64, None, True
+
+
+class ImagesOnly:
+    """The VOC set's images, each with a label: what a classifier's source gives."""
+
+    def __init__(self, source: VOCSegmentation):
+        self.source, self.classes = source, source.classes
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int):
+        with open(self.source.paths[index].decode(), "rb") as f:
+            return decode_image_file(f.read()), 0
+
+
+def loader(source, transform) -> DataLoader:
+    plan = LoaderPlan(num_workers=WORKERS, batch_size=BATCH, prefetch_factor=2, pin_memory=False,
+                      image_size=DataCfg.image_size, dtype=torch.uint8)
+    keys = [(epoch, index) for epoch in range(EPOCHS) for index in torch.randperm(len(source)).tolist()]
+    return DataLoader(Samples(source, transform, seed=0), sampler=keys, batch_size=BATCH, num_workers=WORKERS,
+                      collate_fn=build_collate(plan))
+
+
+def main() -> None:
+    if not (VOC_DATA / ".complete").exists():
+        raise SystemExit(f"no {VOC_DATA}: `make dataset` (scripts/make_dataset.py --task segmentation) makes it")
+    voc = VOCSegmentation(VOC_DATA)
+    classify = Recipe(crop="random").train_transform(DataCfg())
+    segment = SegmentationRecipe().train_transform(DataCfg())
+    seg, cls = interleaved_samples(lambda: images_per_s(loader(voc, segment)),
+                                   lambda: images_per_s(loader(ImagesOnly(voc), classify)), rounds=3)
+    report("segmentation loader / classification loader", max(seg) / max(cls), ">= 0.8", max(seg) / max(cls) >= 0.8,
+           f"images/s at {DataCfg.image_size} px from {len(voc)} 80 px JPEGs, {WORKERS} workers, batch {BATCH}: "
+           f"segmentation {spread(seg)}, classification {spread(cls)}; {machine()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Segmentation masks as the data path carries them: uint8 (H, W) class maps, 255 = ignore (Pascal VOC's border).
+
+A mask file is a PNG (no other format) of class indices: mode P (VOC's palette PNGs: the palette only colours the
+indices, so the indices are read as they are, never converted to RGB) or L. Every source that gives masks
+(dataset=voc; shards and parquet to come) reads them here; samples.py checks each against its image's size.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+
+IGNORE_INDEX = 255  # the value a mask gives pixels no class is scored on (borders, "difficult" regions)
+MASK_MODES = ("P", "L")
+
+
+def decode_mask(data: bytes) -> torch.Tensor:
+    """A PNG mask's bytes as a uint8 (H, W) class map; ValueError for a mode that holds no class indices (RGB)."""
+    with Image.open(io.BytesIO(data), formats=("PNG",)) as image:  # PNG alone: probing formats costs more than it
+        if image.mode not in MASK_MODES:
+            raise ValueError(f"a mask must be a palette (P) or grayscale (L) PNG of class indices, not mode "
+                             f"{image.mode}")
+        return torch.from_numpy(np.array(image, dtype=np.uint8))
+
+
+def as_mask(target) -> torch.Tensor | None:
+    """A sample's target as a uint8 (H, W) mask (a tensor, a numpy array or a PIL P/L image), or None when it is a
+    label (an int): one rule for what counts as a mask."""
+    if isinstance(target, Image.Image):
+        if target.mode not in MASK_MODES:
+            raise ValueError(f"a mask must be a P or L image of class indices, not mode {target.mode}")
+        target = np.array(target, dtype=np.uint8)
+    if isinstance(target, np.ndarray) and target.ndim == 2:
+        target = torch.from_numpy(np.ascontiguousarray(target))
+    if isinstance(target, torch.Tensor) and target.dim() == 2:
+        if target.dtype != torch.uint8:
+            raise ValueError(f"a mask must be uint8 class indices (255 = ignore), got {target.dtype}")
+        return target
+    return None
+
+
+def check_mask_size(image: torch.Tensor, mask: torch.Tensor) -> None:
+    """ValueError (a bad sample) when the mask does not cover the image pixel for pixel."""
+    if tuple(mask.shape) != tuple(image.shape[-2:]):
+        raise ValueError(f"its mask is {mask.shape[0]}x{mask.shape[1]} but its image {image.shape[-2]}x"
+                         f"{image.shape[-1]} (H x W): a mask must match its image's stored size")

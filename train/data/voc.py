@@ -1,0 +1,61 @@
+"""dataset=voc: semantic segmentation masks in the Pascal VOC layout, a source (source.py) whose samples are
+(image, mask).
+
+    root/JPEGImages/<id>.jpg                 the images
+    root/SegmentationClass/<id>.png          their masks: class index per pixel (palette P or grayscale L), 255 = ignore
+    root/ImageSets/Segmentation/<split>.txt  the ids of each split, one a line
+    root/classes.txt                         optional: the class names, one a line (index 0 first); else VOC's 21
+
+The image is decoded whole with loadout's decoder (decode.py; never DCT-scaled: its mask covers the stored size),
+the mask with PIL as class indices (masks.py). A missing or broken file, or a mask of another size, is a bad sample
+(samples.py skips and counts it, naming the file). Paths live in numpy arrays (datasets.py says why).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from train.config import ConfigError
+from train.data.decode import UNREADABLE, decode_image_file
+from train.data.masks import decode_mask
+
+VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
+               "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",
+               "tvmonitor")
+
+
+class VOCSegmentation(Dataset):
+    """The `split` ids of a VOC-layout folder at `root`: each sample a uint8 CHW image and a uint8 (H, W) mask."""
+
+    def __init__(self, root: str | Path, split: str = "train"):
+        given, root = str(root), Path(root)
+        listing = root / "ImageSets" / "Segmentation" / f"{split}.txt"
+        if not listing.is_file():
+            raise ConfigError(f"data.root={given!r}: no {listing} (the VOC layout: JPEGImages/, SegmentationClass/, "
+                              "ImageSets/Segmentation/{train,val}.txt); run `make dataset` for data/synthetic-voc")
+        ids = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+        if not ids:
+            raise ConfigError(f"data.root={given!r}: {listing} lists no ids")
+        names = root / "classes.txt"
+        self.classes = [line.strip() for line in names.read_text().splitlines() if line.strip()] \
+            if names.is_file() else list(VOC_CLASSES)
+        self.paths = np.array([str(root / "JPEGImages" / f"{i}.jpg") for i in ids], dtype=np.bytes_)
+        self.mask_paths = np.array([str(root / "SegmentationClass" / f"{i}.png") for i in ids], dtype=np.bytes_)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image_path, mask_path = self.paths[index].decode(), self.mask_paths[index].decode()
+        with open(image_path, "rb") as f:
+            image = decode_image_file(f.read())
+        try:
+            with open(mask_path, "rb") as f:
+                mask = decode_mask(f.read())
+        except UNREADABLE as err:  # the log line names the image; say which mask
+            raise OSError(f"its mask {mask_path}: {err}") from err
+        return image, mask
