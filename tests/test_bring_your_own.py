@@ -315,3 +315,36 @@ def test_a_train_step_is_built_from_typed_parts_without_hydra():
     for _ in range(5):
         loss, _ = step(batch)
     assert float(loss) < float(first)
+
+
+# -- 5. a task of your own ---------------------------------------------------------------------------------------
+COUNTING = ROOT / "examples" / "counting"
+
+
+def test_own_task_in_one_file_trains_from_outside_the_package(tmp_path, monkeypatch):
+    """examples/counting: its task (a regression: MSE, val_mae, best by the lowest) and its source, named by the
+    example's YAML on the search path, trained by the loop; its figures join the vocabulary and best.pt follows
+    val_mae."""
+    from train.data import data_from_config
+    from train.engine import Trainer
+    from train.metrics import EPOCH
+    from train.task import build_task
+
+    monkeypatch.syspath_prepend(str(COUNTING))
+    cfg = compose_config([f"hydra.searchpath=[file://{COUNTING / 'conf'}]", "task=counting", "hardware=cpu",
+                          "dataset._target_=counting.Squares", "~dataset.root", "data.image_size=32",
+                          "data.batch_size=16", "data.num_workers=0", "augment.flip=false", "trainer.epochs=5",
+                          "trainer.progress=false", "model._target_=tests.tiny_net.TinyNet", "~model.name",
+                          "optimizer=adamw", "optimizer.lr=0.05", "logger=[]"])
+    task = build_task(cfg)
+    try:
+        assert "val_mae" in EPOCH and "val_acc" not in EPOCH
+        with data_from_config(cfg, DistEnv(), CPU) as data:
+            model = build_model(cfg.model, task.num_outputs(data.source), CPU)
+            records = Trainer.from_config(cfg, DistEnv(), CPU, data, model, tmp_path, task=task).fit()
+    finally:
+        build_task(compose_config([]))
+    assert records[-1]["val_mae"] < 0.6 < records[0]["val_mae"] or records[-1]["val_mae"] < 0.4, records
+    assert records[-1]["val_samples"] == 128 and "val_acc" not in records[-1]
+    best = torch.load(checkpoint.checkpoint_dir(tmp_path) / checkpoint.BEST, weights_only=True)
+    assert best["progress"]["best"] == min(r["val_mae"] for r in records)

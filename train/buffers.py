@@ -2,7 +2,7 @@
 
 DDP runs with broadcast_buffers=False (no broadcast before every forward), so each rank's BatchNorm running
 statistics follow its own shard of the data, while the checkpoint holds rank 0's. Broadcasting rank 0's buffers
-before each evaluation makes every rank validate the model that is saved (val_acc, best.pt), at the cost of one
+before each evaluation makes every rank validate the model that is saved (its figures, best.pt), at the cost of one
 small broadcast per buffer dtype an epoch.
 """
 

@@ -29,7 +29,7 @@ from train.config import ConfigError, first_line
 log = logging.getLogger(__name__)
 
 LAST = "last.pt"
-BEST = "best.pt"  # the epoch with the highest val_acc so far
+BEST = "best.pt"  # the epoch with the task's best figure so far (val_acc for task=classification)
 FORMAT = 2  # 2: Stateful parts by name + "format"
 MIB = 2**20
 

@@ -34,11 +34,13 @@ RENAMED = {
     "trainer.cpu_bf16": "trainer.precision (auto | bf16 | fp32 on a CPU; auto = bf16 where the CPU has it natively)",
     "trainer.tensorboard": "the logger group (a list of trackers: logger=[tensorboard,csv]; logger=[] for none)",
     "data.dataset": "dataset=<name> (the dataset group: conf/dataset/*.yaml)",
+    "trainer.label_smoothing": "task.label_smoothing (task=classification's loss)",
 }
 # Group options that were renamed: `augment=seed` is refused in one line naming the new option.
 RENAMED_OPTIONS = {"augment/seed": "augment=crop_flip"}
 
-SWAPPABLE_GROUPS = ("dataset", "model", "optimizer", "scheduler", "augment")  # `_target_` specs (conf/<group>/)
+# `_target_` specs (conf/<group>/)
+SWAPPABLE_GROUPS = ("task", "dataset", "model", "optimizer", "scheduler", "augment")
 
 
 class ConfigError(ValueError):
@@ -112,7 +114,6 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     epochs: int = 3
     max_steps: int | None = None  # stop after this many optimizer steps in total (smoke runs)
-    label_smoothing: float = 0.0
     grad_accum_steps: int = 1
     precision: str = "auto"  # auto | bf16 | fp16 | fp32 (train/precision.py: auto = bf16 where native)
     # samples per forward/backward; the optimizer still steps once per data.batch_size batch. null = the whole batch;
@@ -147,6 +148,7 @@ class LoadoutConfig:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     # The swappable concerns: config groups of `_target_` specs (conf/<group>/*.yaml), built with instantiate.
+    task: Any = None  # what is learned: its loss, evaluation figures and best rule (train/task/)
     dataset: Any = None
     model: Any = None
     optimizer: Any = None

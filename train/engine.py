@@ -1,5 +1,5 @@
-"""The epoch loop: train steps (train/step.py), evaluation, checkpoints (last.pt, and best.pt by val_acc), stop
-signals, one metrics row an epoch; trainer.mode=validate evaluates a checkpoint instead.
+"""The epoch loop: train steps (train/step.py), evaluation, checkpoints (last.pt, and best.pt by the task's best
+figure), stop signals, one metrics row an epoch; trainer.mode=validate evaluates a checkpoint instead.
 
 Callbacks (the `callbacks:` config group, `_target_` classes) see the run from outside: each may define
 `on_train_batch(trainer, batch)`, `on_save(trainer)` (every rank, before the checkpoint is written) and
@@ -34,6 +34,7 @@ from train.profiling import StepProfiler
 from train.progress import Plan, Progress
 from train.step import TrainStep
 from train.stop import RankAgreement, Stopped, StopSignal
+from train.task import Task, build_task
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +71,15 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
                     run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
-                    callbacks: Sequence = (), recipe: Recipe | None = None) -> Trainer:
+                    callbacks: Sequence = (), recipe: Recipe | None = None, task: Task | None = None) -> Trainer:
         """The TrainStep and Plan built from a composed config's sections, then the Trainer over them."""
         tc = cfg.trainer
         per_epoch = batches_per_epoch(len(data.train), tc.limit_batches, tc.overfit_batches)
         plan = Plan.for_run(tc.epochs, per_epoch, tc.grad_accum_steps, env.world_size)
         recipe = recipe or instantiate("augment", cfg.augment)
+        task = task or build_task(cfg)
         step = TrainStep.from_config(cfg, env, device, model, plan.total_steps,
-                                     recipe.batch_mix(data.num_classes, tc.seed))
+                                     task.batch_mix(recipe, data.source, tc.seed), task=task)
         name = OmegaConf.select(cfg, "model.name", default=None)
         return cls(tc, env, device, data, step, plan, run_dir, monitor, stop, callbacks,
                    model_name=f"model.name={name}" if name else f"model._target_={cfg.model._target_}")
@@ -111,7 +113,7 @@ class Trainer:
     def resume(self, path: Path) -> None:
         """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
         state = checkpoint.load(path)  # on the CPU: load_state_dict moves what belongs on the device
-        progress, saved, tc = Progress(**state["progress"]), Plan(**state["plan"]), self.tc
+        progress, saved, tc = Progress.from_state(state["progress"]), Plan(**state["plan"]), self.tc
         self.plan.check_continues(saved, progress, path)
         parts = self.parts()
         del parts["plan"], parts["scaler"]  # this run's plan stands (checked above); the scaler loads from any device
@@ -161,10 +163,11 @@ class Trainer:
             record["epoch_complete"] = complete = self.progress.batch_in_epoch >= self.batches.per_epoch
             records.append(record)
             self.monitor.on_epoch(self.progress.step, record)
-            best = complete and record["val_acc"] > self.progress.best_val_acc
+            figure = self.step.task.best[0]
+            best = complete and self.step.task.better(record[figure], self.progress.best)
             if complete:  # else cut short by trainer.max_steps: resume finishes this epoch
                 self.progress = Progress(epoch=self.progress.epoch + 1, step=self.progress.step,
-                                         best_val_acc=max(record["val_acc"], self.progress.best_val_acc))
+                                         best=record[figure] if best else self.progress.best)
             self.save(best=best)
             self._call("on_epoch_end", record)
             if self.env.is_main:
@@ -281,8 +284,9 @@ class Trainer:
                   **self.evaluate()}
         if self.env.is_main:
             append_jsonl(self.metrics_path, record)
-            log.info("validate %s: val_loss %.4f  val_acc %.3f on %d samples", path, record["val_loss"],
-                     record["val_acc"], record["val_samples"])
+            figure = self.step.task.best[0]
+            log.info("validate %s: val_loss %.4f  %s %.3f on %d samples", path, record["val_loss"], figure,
+                     record[figure], record["val_samples"])
         return record
 
     def evaluate(self) -> dict:

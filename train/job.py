@@ -72,20 +72,22 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
     from train.engine import Trainer
     from train.model import build_model
     from train.monitoring import Monitor
+    from train.task import build_task
 
     tc = cfg.trainer
+    task = build_task(cfg)  # its figures join the metric vocabulary before any sink reads it
     monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken port, a missing tracker: before any worker
     recipe = instantiate("augment", cfg.augment)
     heartbeat = trainer = None
     ended = trackers.FAILED  # how the trackers' runs are closed
     try:
-        with build_data(cfg.data, build_sources(cfg.dataset, cfg.data), recipe, plan, env, device, seed=tc.seed,
+        with build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan, env, device, seed=tc.seed,
                         epochs=tc.epochs, channels_last=tc.channels_last) as data:  # workers end with the run
             dist.init_process_group(env, device, data.val.loader.timeout, tc.dist_timeout_s)
             heartbeat = Heartbeat(env) if env.distributed else None  # names a lost rank if a collective fails
-            model = build_model(cfg.model, data.num_classes, device, channels_last=tc.channels_last)
+            model = build_model(cfg.model, task.num_outputs(data.source), device, channels_last=tc.channels_last)
             trainer = Trainer.from_config(cfg, env, device, data, model, run_dir, monitor, stop, callbacks,
-                                          recipe=recipe)
+                                          recipe=recipe, task=task)
             # torchrun restarted the group: continue this run dir. Any rank's count: across nodes only the agent
             # whose process died counts a restart; the others restart theirs for the new rendezvous round.
             restarted = dist.any_rank(env.restart_count) > 0

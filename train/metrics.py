@@ -2,7 +2,9 @@
 sinks, tune and bench all read these.
 
 The vocabulary (`WINDOW`, `TOTALS`, `EPOCH`, `MEMORY`) is where a figure gets its names: its key in metrics.jsonl
-and in TensorBoard (`<section>/<key>`), its Prometheus name, and its place in the epoch's log line.
+and in TensorBoard (`<section>/<key>`), its Prometheus name, and its place in the epoch's log line. The task's own
+evaluation figures (train/task/) join `EPOCH` after val_loss at start-up (`use_task_figures`), before any sink
+reads it; until then it holds the default task's.
 
 Data wait is host time spent in `next(loader)`: from the end of one step (`stepped`) to the arrival of the next
 batch (`waited`). Steps are not synchronized with the device (a sync per step would stall the GPU it measures);
@@ -65,8 +67,6 @@ EPOCH = _table(
     Metric("epoch", "Epochs completed", "loadout_epoch"),
     Metric("train_loss", "Mean training loss of the epoch", shown="train_loss {:.4f}"),
     Metric("val_loss", "Validation loss after the epoch", "loadout_val_loss", "val_loss {:.4f}"),
-    Metric("val_acc", "Validation accuracy after the epoch", "loadout_val_accuracy", "val_acc {:.3f}"),
-    Metric("val_top5", "Validation top-5 accuracy after the epoch", "loadout_val_top5_accuracy", "top5 {:.3f}"),
     Metric("val_samples", "Validation samples counted (each once over all ranks)"),
     Metric("lr", "Learning rate the epoch's last optimizer step used", shown="lr {:.3g}"),
     Metric("grad_norm", "Mean total gradient norm of the epoch's optimizer steps (before clipping)",
@@ -110,6 +110,23 @@ WORKER_MEMORY = _table(
     Metric("pss", "PSS of each DataLoader worker", "loadout_worker_pss_bytes"),
     Metric("uss", "USS of each DataLoader worker", "loadout_worker_uss_bytes"),
 )
+
+
+_task_keys: list[str] = []  # the figures the current task added to EPOCH
+
+
+def use_task_figures(figures: Sequence[Metric]) -> None:
+    """Put a task's evaluation figures into `EPOCH` right after val_loss (their place in the log line), in place of
+    the previous task's: every sink that reads the vocabulary afterwards takes them as any other figure."""
+    rows = [(key, metric) for key, metric in EPOCH.items() if key not in _task_keys]
+    at = next(i for i, (key, _) in enumerate(rows) if key == "val_loss") + 1
+    clash = [metric.key for metric in figures if metric.key in dict(rows)]
+    if clash:
+        raise ValueError(f"task figures {clash} are already loadout's own: name them otherwise")
+    rows[at:at] = [(metric.key, metric) for metric in figures]
+    EPOCH.clear()
+    EPOCH.update(rows)
+    _task_keys[:] = [metric.key for metric in figures]
 
 
 def memory_figures(sampler: MemorySampler, sample) -> dict[str, float | None]:
@@ -282,3 +299,9 @@ def reduce_over_ranks(stats: dict, env: DistEnv, device: torch.device) -> dict:
 def append_jsonl(path: Path, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+# The default task's figures (task=classification), so a process that builds no task knows today's vocabulary.
+from train.task.classification import Classification  # noqa: E402  (it imports this module only when asked)
+
+use_task_figures(Classification.metric_rows())

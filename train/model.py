@@ -1,6 +1,8 @@
-"""The model from the `model:` config group: any `_target_` that builds an nn.Module given `num_classes`
-(torchvision's classifiers by name: `torchvision_model`; timm's: `timm_model`), optionally started from a state
-dict on disk (model.weights), then moved to the device (+ channels_last). Weights are never downloaded."""
+"""The model from the `model:` config group: any `_target_` that builds an nn.Module given `num_classes` (the
+output size the task takes from the data: train/task/), optionally started from a state dict on disk
+(model.weights), then moved to the device (+ channels_last). By name: torchvision's classifiers
+(`torchvision_model`), torchvision's segmentation models (`torchvision_segmentation_model`), timm's (`timm_model`).
+Weights are never downloaded."""
 
 from __future__ import annotations
 
@@ -16,11 +18,25 @@ from train.config import ConfigError
 
 
 def torchvision_model(name: str, num_classes: int) -> torch.nn.Module:
+    if name in SEGMENTATION_MODELS:  # its backbone's ImageNet weights would be downloaded
+        raise ConfigError(f"model.name={name!r}: a segmentation model; use model=segmentation model.name={name}")
     try:
         return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
     except ValueError as err:
         raise ConfigError(f"model.name={name!r}: not a torchvision model ({err}); e.g. resnet18, resnet50, "
                           "mobilenet_v3_small") from err
+
+
+SEGMENTATION_MODELS = frozenset(torchvision.models.list_models(module=torchvision.models.segmentation))
+
+
+def torchvision_segmentation_model(name: str, num_classes: int) -> torch.nn.Module:
+    """model=segmentation: torchvision's segmentation models by name (fcn_resnet50, deeplabv3_mobilenet_v3_large,
+    lraspp_mobilenet_v3_large, ...), untrained, backbone included; their forward returns {"out": logits}."""
+    if name not in SEGMENTATION_MODELS:
+        raise ConfigError(f"model.name={name!r}: not a torchvision segmentation model; choose one of "
+                          f"{', '.join(sorted(SEGMENTATION_MODELS))}")
+    return torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=num_classes)
 
 
 def timm_model(name: str, num_classes: int, **kwargs) -> torch.nn.Module:

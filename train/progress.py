@@ -27,7 +27,21 @@ class Progress(Record):
     epoch: int = 0  # the epoch in progress (0-based)
     step: int = 0  # optimizer steps taken in total
     batch_in_epoch: int = 0  # batches of `epoch` already trained
-    best_val_acc: float = -1.0  # of the epochs so far: best.pt holds that epoch's weights
+    best: float | None = None  # the task's best figure (train/task/) of the epochs so far: best.pt's epoch
+
+    @classmethod
+    def from_state(cls, state: dict) -> Progress:
+        progress = cls()
+        progress.load_state_dict(state)
+        return progress
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint's progress; one written before tasks keeps its best as `best_val_acc` (-1: none yet)."""
+        state = dict(state)
+        if "best_val_acc" in state:
+            old = state.pop("best_val_acc")
+            state.setdefault("best", None if old < 0 else old)
+        super().load_state_dict(state)
 
 
 @dataclass

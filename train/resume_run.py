@@ -27,8 +27,8 @@ from train.credentials import without_credentials
 RESUMES = "resumes.yaml"
 MASKED = "://***@"  # a URL's credentials as train/credentials.py leaves them in .hydra/
 # What a checkpoint's weights, optimizer state and data stream are tied to: changing one is a new run.
-FROZEN = ("model", "dataset._target_", "augment._target_", "optimizer._target_", "scheduler._target_",
-          "data.image_size")
+FROZEN = ("model", "task._target_", "dataset._target_", "augment._target_", "optimizer._target_",
+          "scheduler._target_", "data.image_size")
 
 
 def key_of(override: str) -> str:
@@ -94,6 +94,8 @@ def check_unchanged(run_dir: Path, cfg: Any) -> None:
     saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     for key in FROZEN:
         before, after = _flat(_resolved(saved, key), key), _flat(_resolved(cfg, key), key)
+        if not before:  # a run from before the key existed (task=): it trained with what the default gives
+            continue
         for leaf in sorted(set(before) | set(after)):
             if before.get(leaf) != after.get(leaf):
                 raise ConfigError(f"{leaf}={_typed(after.get(leaf))}: the run in {run_dir} has {leaf}="

@@ -29,29 +29,32 @@ from train.buffers import broadcast_from_rank0
 from train.build import instantiate
 from train.compiled import CompiledModel
 from train.config import TrainerConfig
-from train.data.augment import BatchMix
 from train.data.batch import Batch
-from train.dist import DistEnv, all_reduce_sum
+from train.dist import DistEnv, all_reduce_max, all_reduce_sum
 from train.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory
 from train.nonfinite import SCALE_FLOOR, Diverged, NonFiniteWatch
+from train.task import Classification, Task, build_task
 
 log = logging.getLogger(__name__)
 
 
 Optimizer = Callable[..., torch.optim.Optimizer]  # optimizer.* built with _partial_: parameters -> optimizer
 Schedule = Callable[..., torch.optim.lr_scheduler.LRScheduler]  # scheduler.*: (optimizer, total_steps, last_epoch)
+BatchMixer = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (images, targets, epoch, batch): the task's batch mix
 
 
 class TrainStep:
     """The model (DDP-wrapped under torchrun, compiled with trainer.compile), its optimizer, LR schedule over
-    `total_steps`, precision and GradScaler, loss and the recipe's batch mix, from the `trainer:` section `tc`.
-    Its Stateful parts (`stateful()`) go into every checkpoint. `batch_size` is the optimizer's batch;
-    `input_shape` (C, H, W) shapes the empty forward of a batch with no readable sample."""
+    `total_steps`, precision and GradScaler, from the `trainer:` section `tc`; the `task` (train/task/) gives the
+    loss and the evaluation sums, `mix` its batch mix. Its Stateful parts (`stateful()`) go into every checkpoint.
+    `batch_size` is the optimizer's batch; `input_shape` (C, H, W) shapes the empty forward of a batch with no
+    readable sample."""
 
     def __init__(self, tc: TrainerConfig, env: DistEnv, device: torch.device, model: torch.nn.Module, *,
                  optimizer: Optimizer, schedule: Schedule, batch_size: int, total_steps: int,
-                 input_shape: tuple[int, int, int], mix: BatchMix | None = None):
+                 input_shape: tuple[int, int, int], mix: BatchMixer | None = None, task: Task | None = None):
         self.device, self.model, self.total_steps, self.mix = device, model, max(total_steps, 1), mix
+        self.task = task or Classification()
         self.input_shape = input_shape
         self.distributed = env.distributed
         self.precision = precision.resolve(tc.precision, device)
@@ -72,7 +75,6 @@ class TrainStep:
         self.lr = self.optimizer.param_groups[0]["lr"]  # the last optimizer step's (the scheduler is one step on)
         self.scaler = precision.grad_scaler(device, self.precision)
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=tc.label_smoothing)
         self.accum = tc.grad_accum_steps
         self.micro = 0  # batches since the last optimizer step
         self.micro_batch = MicroBatch(tc.micro_batch_size, batch_size)
@@ -87,12 +89,12 @@ class TrainStep:
 
     @classmethod
     def from_config(cls, cfg, env: DistEnv, device: torch.device, model: torch.nn.Module, total_steps: int,
-                    mix: BatchMix | None = None) -> TrainStep:
-        """Built from a composed config's trainer, optimizer, scheduler and data sections."""
+                    mix: BatchMixer | None = None, task: Task | None = None) -> TrainStep:
+        """Built from a composed config's trainer, optimizer, scheduler, data and task sections."""
         size = cfg.data.image_size
         return cls(cfg.trainer, env, device, model, optimizer=instantiate("optimizer", cfg.optimizer),
                    schedule=instantiate("scheduler", cfg.scheduler), batch_size=cfg.data.batch_size,
-                   total_steps=total_steps, input_shape=(3, size, size), mix=mix)
+                   total_steps=total_steps, input_shape=(3, size, size), mix=mix, task=task or build_task(cfg))
 
     def plan_schedule(self, step: int) -> torch.optim.lr_scheduler.LRScheduler:
         """The schedule over `total_steps`, positioned at `step` (0: a new run; else the optimizer was restored)."""
@@ -107,7 +109,7 @@ class TrainStep:
         precision.load_scaler(self.scaler, state, self.precision)
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
 
-    def _forward(self, images: torch.Tensor) -> torch.Tensor:
+    def _forward(self, images: torch.Tensor):
         """The compiled model for full slices, the eager one for shorter ones (a batch with unreadable samples, the
         last validation batch): one graph for training and one for evaluation, never one per shape."""
         if self.compiled is not None and images.shape[0] == self.micro_batch.size:
@@ -116,10 +118,10 @@ class TrainStep:
 
     def _loss(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with precision.autocast(self.device, self.precision):
-            logits = self._forward(images)
+            outputs = self._forward(images)
         if images.shape[0] == 0:  # no readable sample: a zero loss whose backward still syncs every gradient
-            return logits.float().sum() * 0.0
-        return self.criterion(logits.float(), targets)
+            return self.task.zero_loss(outputs)
+        return self.task.loss(outputs, targets)
 
     def _slices(self, images: torch.Tensor, targets: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if images.shape[0] == 0:
@@ -228,28 +230,28 @@ class TrainStep:
             self.micro = 0
 
     def evaluate_all(self, batches: Iterable[Batch]) -> dict:
-        """val_loss, val_acc, val_top5 and val_samples over `batches` on rank 0's buffers (buffers.py), summed over
-        all ranks (each sample counted once); the device is read once, after the last batch."""
+        """val_loss, the task's figures and val_samples over `batches` on rank 0's buffers (buffers.py), the task's
+        sums added over all ranks (each sample counted once); the device is read once, after the last batch."""
         self.ddp.eval()
         broadcast_from_rank0(self.model)
-        sums, count = torch.zeros(3, dtype=torch.float64, device=self.device), 0
+        sums, count = None, 0
         for batch in batches:
             if len(batch):
-                sums, count = sums + self.evaluate(batch), count + len(batch)
-        loss_sum, correct, top5, count = all_reduce_sum([*sums.tolist(), count], self.device)
-        n = max(count, 1)
-        return {"val_loss": loss_sum / n, "val_acc": correct / n, "val_top5": top5 / n, "val_samples": int(count)}
+                batch_sums = self.evaluate(batch)
+                sums, count = (batch_sums if sums is None else sums + batch_sums), count + len(batch)
+        width = int(all_reduce_max(0 if sums is None else len(sums), self.device))  # a rank may have had no sample
+        sums = [0.0] * width if sums is None else sums.tolist()
+        *totals, count = all_reduce_sum([*sums, count], self.device)
+        return {**self.task.evaluation(totals, int(count)), "val_samples": int(count)}
 
     @torch.no_grad()
     def evaluate(self, batch: Batch) -> torch.Tensor:
-        """(summed loss, top-1 correct, top-5 correct) over one validation batch, one device tensor: the loop sums
-        them and reads them once, after the last batch. Top-5 is top-k with k = min(5, classes)."""
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        """The task's evaluation sums over one validation batch, one device tensor: the loop adds them up and reads
+        them once, after the last batch."""
+        sums = None
         for images, targets in self._slices(batch.images, batch.targets):
             with precision.autocast(self.device, self.precision):
-                logits = self._forward(images)
-            best = logits.topk(min(5, logits.shape[1]), dim=1).indices
-            hits = best == targets[:, None]
-            sums += torch.stack([self.criterion(logits.float(), targets).double() * targets.numel(),
-                                 hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
+                outputs = self._forward(images)
+            part = self.task.eval_sums(outputs, targets)
+            sums = part if sums is None else sums + part
         return sums

@@ -23,6 +23,7 @@ from train.data.batch import Batch
 from train.data.cache import SharedSampleCache
 from train.data.encoded import device_decoding
 from train.data.loader import build_val_loader, explain_loader_error
+from train.data.masks import as_mask
 from train.data.plan import LoaderPlan
 from train.data.prefetcher import DevicePrefetcher
 from train.data.samples import Samples
@@ -30,8 +31,9 @@ from train.data.shm import check_shm, warn_if_shm_too_small
 from train.data.source import Offers, Source, check_sources, sample_name
 from train.data.stateful import shutdown_workers
 from train.data.stream import TrainStream, build_train_stream
-from train.data.transforms import build_val_transform, resize_size
+from train.data.transforms import resize_size
 from train.dist import DistEnv
+from train.task import Classification, Task, build_task
 
 
 @dataclass
@@ -40,9 +42,18 @@ class DataPipeline:
 
     train: TrainStream  # this epoch's rest, on the device; its state_dict() is the position a checkpoint keeps
     val: DevicePrefetcher  # the validation loader's batches on the device; `.loader` is the StatefulDataLoader
-    num_classes: int
     plan: LoaderPlan
     samples: tuple[Samples, Samples]  # (train, val): what their workers read, noted on one ActivityBoard
+
+    @property
+    def source(self) -> Source:
+        """The training source: the task reads the model's output size from it (train/task/)."""
+        return self.samples[0].source
+
+    @property
+    def num_classes(self) -> int:
+        """The training source's class count (a source with `classes`)."""
+        return len(self.source.classes)
 
     def set_epoch(self, epoch: int) -> None:
         """Position the training stream at `epoch` (the sampler's own set_epoch runs as its indices are drawn); a
@@ -102,12 +113,12 @@ class DataPipeline:
         self.close()
 
 
-def build_sources(spec, data) -> tuple[Source, Source]:
-    """`dataset._target_` built with split="train" and "val", checked (source.py); a source that can decode at a
-    smaller size gets the resize size when data.scaled_decode."""
+def build_sources(spec, data, task: Task | None = None) -> tuple[Source, Source]:
+    """`dataset._target_` built with split="train" and "val", checked (source.py) for `task` (classification when
+    none is given); a source that can decode at a smaller size gets the resize size when data.scaled_decode."""
     spec = fitted_spec("dataset", spec, optional=("root",))  # a class of your own may take no root
     train, val = (instantiate("dataset", spec, split=split) for split in ("train", "val"))
-    check_sources(spec._target_, train, val)
+    check_sources(spec._target_, train, val, task or Classification())
     if data.scaled_decode and Offers.of(train).min_side:
         train.min_side = val.min_side = resize_size(data)
     return train, val
@@ -123,6 +134,9 @@ def _sample_cache(data, train: Source) -> SharedSampleCache | None:
     if Offers.of(train).decoded:
         raise ConfigError(f"data.cache_bytes={data.cache_bytes}: the sample cache is for datasets that decode "
                           f"({type(train).__name__} stores decoded images already): set it to 0")
+    if as_mask(train[0][1]) is not None:
+        raise ConfigError(f"data.cache_bytes={data.cache_bytes}: the sample cache keeps images alone, not their "
+                          "masks: set it to 0 for segmentation")
     problem = check_shm(data.cache_bytes)
     if problem:
         raise ConfigError(f"data.cache_bytes={data.cache_bytes}: {problem}")
@@ -137,7 +151,7 @@ def build_data(data, sources: tuple[Source, Source], recipe: Recipe, plan: Loade
     cache = _sample_cache(data, train)
     stored = Offers.of(train).size  # the side of square stored samples (packed): no Resize for them
     transforms = (recipe.train_transform(data, resize_size(data) if cache is not None else stored),
-                  build_val_transform(data, stored))
+                  recipe.val_transform(data, stored))
     boxes, decoder = (None, None), None
     if data.decode == "device":
         boxes, plan, decoder = device_decoding(sources, transforms, plan, device)
@@ -152,7 +166,7 @@ def build_data(data, sources: tuple[Source, Source], recipe: Recipe, plan: Loade
                         channels_last=channels_last, non_blocking=data.non_blocking,
                         beside_workers=plan.num_workers > 0, decoder=decoder)
     train_stream = build_train_stream(samples[0], plan, data, env, seed=seed, epochs=epochs, to_device=to_device)
-    return DataPipeline(train_stream, to_device(val_loader), len(train.classes), plan, samples)
+    return DataPipeline(train_stream, to_device(val_loader), plan, samples)
 
 
 def data_from_config(cfg, env: DistEnv, device: torch.device, recipe: Recipe | None = None,
@@ -160,5 +174,5 @@ def data_from_config(cfg, env: DistEnv, device: torch.device, recipe: Recipe | N
     """`build_data` with every part built from a composed config (tests, benchmarks, tune)."""
     recipe = recipe or instantiate("augment", cfg.augment)
     plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers)
-    return build_data(cfg.data, build_sources(cfg.dataset, cfg.data), recipe, plan, env, device,
+    return build_data(cfg.data, build_sources(cfg.dataset, cfg.data, build_task(cfg)), recipe, plan, env, device,
                       seed=cfg.trainer.seed, epochs=cfg.trainer.epochs, channels_last=cfg.trainer.channels_last)

@@ -15,7 +15,7 @@ from torchvision.transforms import v2
 
 from train.config import ConfigError
 from train.data.seeds import BATCH_MIX, mixed_seed
-from train.data.transforms import DirectCompose, resize_steps, to_float_steps
+from train.data.transforms import DirectCompose, build_val_transform, resize_steps, to_float_steps
 
 AUTO_AUGMENT = {"trivial": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
 
@@ -49,6 +49,10 @@ class Recipe:
             steps.append(AUTO_AUGMENT[self.auto_augment]())
         return DirectCompose([*steps, *to_float_steps(data_cfg)])
 
+    def val_transform(self, data_cfg, input_size: int | None = None) -> DirectCompose:
+        """Resize -> CenterCrop, whatever the recipe."""
+        return build_val_transform(data_cfg, input_size)
+
     def batch_mix(self, num_classes: int, seed: int) -> BatchMix | None:
         if not (self.mixup_alpha or self.cutmix_alpha):
             return None
@@ -57,7 +61,8 @@ class Recipe:
 
 class BatchMix:
     """torchvision's MixUp / CutMix on a device batch, their draws seeded by (seed, epoch, batch in epoch); the
-    targets come back as class probabilities, which CrossEntropyLoss takes as they are."""
+    targets come back as class probabilities, which CrossEntropyLoss takes as they are. Classification's batch mix
+    (train/task/classification.py builds it through `Recipe.batch_mix`); other tasks refuse the alphas."""
 
     def __init__(self, num_classes: int, seed: int, mixup_alpha: float, cutmix_alpha: float):
         mixes = [mix(alpha=alpha, num_classes=num_classes)

@@ -2,9 +2,11 @@
 
 A source is a map-style dataset built from the `dataset:` config group with `split="train"` or `"val"`:
 
-    must have   classes      the class names, the same on both splits
-                __len__      the number of samples
-                __getitem__  (image, label): a PIL image or a uint8 CHW tensor, and an integer label
+    must have   __len__      the number of samples
+                __getitem__  (image, target): a PIL image or a uint8 CHW tensor, and what the task trains on
+                             (task=classification: an integer label; segmentation: a uint8 (H, W) mask)
+                what the task needs: `Task.source_needs`, the same on both splits (classification and
+                segmentation: `classes`, the class names)
     may offer   targets      every label as an int array: data.sampler=weighted, and labels without loading
                 paths        the file of each sample: names a bad or stuck sample in the log
                 min_side     a settable attribute: decode at the smallest size that still covers the resize
@@ -28,7 +30,6 @@ bad samples skipped, stuck reads named.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -41,8 +42,6 @@ from train.config import ConfigError
 
 @runtime_checkable
 class Source(Protocol):
-    classes: Sequence[str]
-
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> tuple[Any, int]: ...
@@ -96,21 +95,24 @@ def sample_name(source: Source, index: int) -> str:
     return f"sample {index}"
 
 
-def check_sources(target: str, train: Source, val: Source) -> None:
-    """The `Source` protocol on both splits, the same classes, and a first training sample of (image, label):
-    one line naming `dataset._target_` and what is missing, before any worker starts."""
+def check_sources(target: str, train: Source, val: Source, task) -> None:
+    """The `Source` protocol and what `task` (train/task/) needs on both splits, the same on both, and a first
+    training sample of (image, target): one line naming `dataset._target_` and what is missing, before any worker
+    starts."""
+    needs = "".join(f"`{name}` ({doc}), " for name, doc in task.source_needs.items())
     for split, source in (("train", train), ("val", val)):
-        if not isinstance(source, Source):
-            raise ConfigError(f"dataset._target_={target}: the {split} split needs `classes` (the class names), "
-                              "`__len__` and `__getitem__`: a map-style dataset (train/data/source.py)")
+        if not isinstance(source, Source) or not all(hasattr(source, name) for name in task.source_needs):
+            raise ConfigError(f"dataset._target_={target}: the {split} split needs {needs}`__len__` and "
+                              f"`__getitem__`: a map-style dataset (train/data/source.py)")
         if len(source) == 0:
             raise ConfigError(f"dataset._target_={target}: the {split} split is empty")
-    if list(train.classes) != list(val.classes):
-        raise ConfigError(f"dataset._target_={target}: train and val have different classes")
+    for name in task.source_needs:
+        if list(getattr(train, name)) != list(getattr(val, name)):
+            raise ConfigError(f"dataset._target_={target}: train and val have different {name}")
     try:
         image, label = train[0][:2]
         as_uint8_tensor(image)
-        int(label)
+        task.check_target(label)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"dataset._target_={target}: dataset[0] must be (image, label) with a PIL image or a uint8 "
-                          f"CHW tensor and an integer label ({err})") from err
+        raise ConfigError(f"dataset._target_={target}: dataset[0] must be (image, {task.target_name}) with a PIL image "
+                          f"or a uint8 CHW tensor and {task.target_doc} ({err})") from err

@@ -28,6 +28,7 @@ from train.memory import MIB, MemorySampler
 from train.metrics import EpochMeter
 from train.model import build_model
 from train.step import TrainStep
+from train.task import build_task
 from train.tune.config import validate_tune
 
 log = logging.getLogger("train.tune")
@@ -128,7 +129,8 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     seed_everything(cfg.trainer.seed, env)
     sampler = MemorySampler()
     recipe = instantiate("augment", cfg.augment)
-    pipeline = build_data(cfg.data, build_sources(cfg.dataset, cfg.data), recipe, plan, env, device,
+    task = build_task(cfg)
+    pipeline = build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan, env, device,
                           seed=cfg.trainer.seed, epochs=tune.repeats,  # exactly the epochs measured
                           channels_last=cfg.trainer.channels_last)
     loader = pipeline.train
@@ -139,8 +141,9 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
                "images_per_epoch": len(loader) * cfg.data.batch_size}
     step = None
     if tune.with_model:  # real training steps: the model, optimizer, precision and scaler of python -m train
-        model = build_model(cfg.model, pipeline.num_classes, device, channels_last=cfg.trainer.channels_last)
-        step = TrainStep.from_config(cfg, env, device, model, total_steps=tune.repeats * len(loader))
+        model = build_model(cfg.model, task.num_outputs(pipeline.source), device,
+                            channels_last=cfg.trainer.channels_last)
+        step = TrainStep.from_config(cfg, env, device, model, total_steps=tune.repeats * len(loader), task=task)
         step.ddp.train()
     per_epoch = min(len(loader), tune.warmup_batches + (tune.batches or len(loader)))
     desc = f"job {job}: workers={num_workers} pin={pin_memory} persistent={cfg.data.persistent_workers}"

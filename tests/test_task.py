@@ -1,0 +1,213 @@
+"""The task seam (train/task/): each task's loss and evaluation figures on tensors made here, the reduction of a
+segmentation confusion matrix over two real gloo ranks, the vocabulary a task adds its figures to, the best rule and
+an old checkpoint's best, and a source checked for what its task needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import ROOT, compose_config
+from train.config import ConfigError
+from train.data.batch import Batch
+from train.data.source import check_sources
+from train.dist import DistEnv
+from train.metrics import EPOCH, epoch_line
+from train.progress import Progress
+from train.step import TrainStep
+from train.task import Classification, build_task
+from train.task.segmentation import Segmentation, scores
+
+CPU = torch.device("cpu")
+# rows: true class, columns: predicted
+CONFUSION = np.array([[5, 1, 0],
+                      [2, 3, 0],
+                      [0, 0, 0]])
+# IoU 5 / (5 + 1 + 2) and 3 / (3 + 2 + 1); class 2 occurs nowhere and is left out of the mean
+MIOU, PIXEL_ACC = (5 / 8 + 3 / 6) / 2, 8 / 11
+
+
+def test_miou_and_pixel_accuracy_of_a_known_confusion_matrix():
+    assert scores(CONFUSION) == pytest.approx({"val_miou": MIOU, "val_pixel_acc": PIXEL_ACC})
+    assert scores(np.zeros((3, 3))) == {"val_miou": 0.0, "val_pixel_acc": 0.0}
+
+
+def one_hot_logits(predicted: torch.Tensor, classes: int) -> torch.Tensor:
+    """(N, H, W) predictions as (N, C, H, W) logits whose argmax they are."""
+    return torch.nn.functional.one_hot(predicted.long(), classes).permute(0, 3, 1, 2).float() * 10
+
+
+def pixels_of(confusion: np.ndarray, ignored: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One (1, 1, W) mask and prediction whose pixels make `confusion`, plus `ignored` pixels of 255 (predicted 0)."""
+    true, predicted = [], []
+    for t, p in np.ndindex(*confusion.shape):
+        true += [t] * int(confusion[t, p])
+        predicted += [p] * int(confusion[t, p])
+    true, predicted = true + [255] * ignored, predicted + [0] * ignored
+    return torch.tensor(true, dtype=torch.uint8).view(1, 1, -1), torch.tensor(predicted).view(1, 1, -1)
+
+
+def test_segmentation_counts_a_confusion_matrix_leaving_ignored_pixels_out():
+    task = Segmentation(num_classes=3)
+    targets, predicted = pixels_of(CONFUSION, ignored=4)
+    outputs = {"out": one_hot_logits(predicted, 3)}  # as torchvision's segmentation models return them
+    sums = task.eval_sums(outputs, targets)
+    assert sums.dtype == torch.float64 and sums.shape == (1 + 9,)
+    assert sums[1:].view(3, 3).long().tolist() == CONFUSION.tolist()
+    figures = task.evaluation(sums.tolist(), samples=1)
+    assert figures["val_miou"] == pytest.approx(MIOU) and figures["val_pixel_acc"] == pytest.approx(PIXEL_ACC)
+    # the loss skips the ignored pixels: the same as over the scored pixels alone
+    scored = targets != 255
+    expected = torch.nn.functional.cross_entropy(outputs["out"].permute(0, 2, 3, 1)[scored], targets[scored].long())
+    assert task.loss(outputs, targets).item() == pytest.approx(expected.item())
+
+
+def test_classification_sums_loss_top1_and_top5_with_label_smoothing():
+    task = Classification(label_smoothing=0.1)
+    logits = torch.tensor([[3.0, 2, 1, 0, -1, -2], [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0]])
+    targets = torch.tensor([0, 0, 4])  # right; in the top five of none (6 classes, 0 is last); in the top five
+    sums = task.eval_sums(logits, targets).tolist()
+    expected = torch.nn.functional.cross_entropy(logits, targets, label_smoothing=0.1).item() * 3
+    assert sums == pytest.approx([expected, 1, 2])
+    assert task.evaluation(sums, 3) == pytest.approx({"val_loss": expected / 3, "val_acc": 1 / 3, "val_top5": 2 / 3})
+
+
+def test_a_task_puts_its_figures_in_the_vocabulary_after_val_loss_and_back():
+    try:
+        build_task(compose_config(["task=segmentation"]))
+        assert "val_miou" in EPOCH and "val_acc" not in EPOCH
+        keys = list(EPOCH)
+        assert keys[keys.index("val_loss") + 1:keys.index("val_loss") + 3] == ["val_miou", "val_pixel_acc"]
+        line = epoch_line({"epoch": 1, "val_loss": 0.5, "val_miou": 0.25, "val_pixel_acc": 0.75}, 3)
+        assert line == "epoch 1/3  val_loss 0.5000  miou 0.250  pixel_acc 0.750"
+    finally:
+        task = build_task(compose_config([]))
+    assert isinstance(task, Classification) and list(EPOCH)[3:5] == ["val_acc", "val_top5"]
+
+
+def test_the_best_rule_follows_the_tasks_figure_and_direction():
+    assert Classification().best == ("val_acc", "max") and Segmentation().best == ("val_miou", "max")
+    task = Classification()
+    assert task.better(0.0, None) and task.better(0.5, 0.4) and not task.better(0.4, 0.4)
+    assert not task.better(float("nan"), None)
+    lowest = Classification()
+    lowest.best = ("val_loss", "min")
+    assert lowest.better(0.3, 0.4) and not lowest.better(0.5, 0.4)
+
+
+def test_an_old_checkpoints_best_val_acc_becomes_the_best():
+    old = {"epoch": 2, "step": 30, "batch_in_epoch": 0, "best_val_acc": 0.625}
+    assert Progress.from_state(old) == Progress(epoch=2, step=30, best=0.625)
+    assert Progress.from_state({**old, "best_val_acc": -1.0}).best is None  # none yet
+    assert Progress.from_state(Progress(best=0.5).state_dict()).best == 0.5
+
+
+def test_the_old_label_smoothing_key_names_the_new_one():
+    from train.overrides import check_command_line
+
+    with pytest.raises(ConfigError, match=r"^trainer.label_smoothing: renamed; use task.label_smoothing"):
+        check_command_line(["trainer.label_smoothing=0.1"])
+    assert check_command_line(["task.label_smoothing=0.1"]).task.label_smoothing == 0.1
+
+
+class Masks:
+    classes = ["background", "square"]
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int):
+        return torch.zeros(3, 8, 8, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.uint8)
+
+
+def test_a_source_is_checked_for_what_its_task_needs():
+    check_sources("Masks", Masks(), Masks(), Segmentation())
+    with pytest.raises(ConfigError, match=r"dataset\[0\] must be \(image, label\).*an integer label"):
+        check_sources("Masks", Masks(), Masks(), Classification())
+    no_classes = type("NoClasses", (), {"__len__": Masks.__len__, "__getitem__": Masks.__getitem__})
+    with pytest.raises(ConfigError, match=r"^dataset._target_=X: the train split needs `classes` \(the class names, "):
+        check_sources("X", no_classes(), Masks(), Segmentation())
+
+
+def test_segmentation_trains_a_torchvision_model_through_the_step():
+    """A real TrainStep over an untrained LR-ASPP: the loss falls on one batch of masks, evaluation gives figures."""
+    cfg = compose_config(["task=segmentation", "hardware=cpu", "trainer.precision=fp32", "optimizer.lr=0.05"])
+    assert cfg.model.name == "lraspp_mobilenet_v3_large"  # task=segmentation picks model=segmentation
+    from train.model import build_model
+
+    task = build_task(cfg)
+    try:
+        model = build_model(cfg.model, task.num_outputs(Masks()), CPU)
+        step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=20, task=task)
+        images = torch.rand(4, 3, 32, 32)
+        targets = (images.mean(1) > 0.5).to(torch.uint8)  # bright pixels are class 1
+        targets[:, :2] = 255
+        losses = [step(Batch(images, targets))[0].item() for _ in range(8)]
+        assert losses[-1] < losses[0]
+        figures = step.evaluate_all([Batch(images, targets)])
+        assert set(figures) == {"val_loss", "val_miou", "val_pixel_acc", "val_samples"} and figures["val_samples"] == 4
+    finally:
+        build_task(compose_config([]))
+
+
+# -- the reduction over two real gloo ranks ----------------------------------------------------------------------
+def rank_confusion(rank: int) -> np.ndarray:
+    return CONFUSION if rank == 0 else CONFUSION.T  # rank 1 sees the transpose: the sum is symmetric
+
+
+@pytest.mark.slow
+def test_the_confusion_matrix_is_summed_over_two_gloo_ranks_once(tmp_path):
+    """torchrun, 2 processes on gloo: each rank evaluates its own pixels through TrainStep.evaluate_all (rank 1
+    twice as many batches); every rank reports the figures of the summed matrix."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          __file__, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    total = rank_confusion(0) + 2 * rank_confusion(1)
+    for rank in (0, 1):
+        figures = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert figures["val_samples"] == 3
+        assert figures["val_miou"] == pytest.approx(scores(total)["val_miou"])
+        assert figures["val_pixel_acc"] == pytest.approx(scores(total)["val_pixel_acc"])
+
+
+class OneHotIdentity(torch.nn.Module):
+    """A 'model' whose logits are its input (one-hot predictions made by the test), plus a weight for DDP."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": images * self.weight}
+
+
+def _evaluate_on_this_rank(out_dir: Path) -> None:
+    from functools import partial
+
+    import torch.distributed as dist
+
+    from train.config import TrainerConfig
+    from train.schedule import warmup_cosine
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    targets, predicted = pixels_of(rank_confusion(rank), ignored=3)
+    batch = Batch(one_hot_logits(predicted, 3), targets)
+    step = TrainStep(TrainerConfig(precision="fp32"), DistEnv.from_env(), CPU, OneHotIdentity(),
+                     optimizer=partial(torch.optim.SGD, lr=0.1), schedule=warmup_cosine, batch_size=1, total_steps=1,
+                     input_shape=(3, 1, 1), task=Segmentation(num_classes=3))
+    figures = step.evaluate_all([batch] * (rank + 1))
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(figures))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _evaluate_on_this_rank(Path(sys.argv[1]))

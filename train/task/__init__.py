@@ -1,0 +1,27 @@
+"""The task a run trains (the `task:` config group): train/task/base.py says what a task owns."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from train.task.base import Task
+from train.task.classification import Classification
+
+__all__ = ["Classification", "Task", "build_task"]
+
+
+def build_task(cfg) -> Task:
+    """The task of a composed config (`task._target_`; Classification where the config has no task section), its
+    figures added to the metric vocabulary (train/metrics.py) before any sink reads it."""
+    from train.build import instantiate
+    from train.config import ConfigError
+    from train.metrics import use_task_figures
+
+    spec = OmegaConf.select(cfg, "task", default=None)
+    task = Classification() if spec is None else instantiate("task", spec)
+    if not isinstance(task, Task):
+        raise ConfigError(f"task._target_={spec._target_}: built a {type(task).__name__}, not a train.task.Task "
+                          "subclass (train/task/base.py)")
+    use_task_figures(task.figures)
+    return task
+

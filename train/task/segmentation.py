@@ -1,0 +1,76 @@
+"""task=segmentation: a class per pixel. Targets are uint8 (N, H, W) class maps, `ignore_index` (255) where no class
+is scored; cross-entropy skips those pixels. Evaluation sums a classes x classes confusion matrix (rows: true
+class, columns: predicted) on the device, all-reduced once per validation: mIoU (over the classes that occur in
+the targets or predictions) and pixel accuracy, as pytorch/vision's references/segmentation compute them. best.pt
+follows val_miou."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from train.data.masks import as_mask
+from train.metrics import Metric
+from train.task.base import Task
+
+FIGURES = (
+    Metric("val_miou", "Validation mean intersection over union after the epoch", "loadout_val_miou",
+           "miou {:.3f}"),
+    Metric("val_pixel_acc", "Validation pixel accuracy (ignored pixels left out) after the epoch",
+           "loadout_val_pixel_accuracy", "pixel_acc {:.3f}"),
+)
+
+
+class Segmentation(Task):
+    figures = FIGURES
+    best = ("val_miou", "max")
+    source_needs = {"classes": "the class names, index 0 first"}
+    target_name = "mask"
+    target_doc = "a uint8 (H, W) mask of class indices"
+
+    def __init__(self, num_classes: int | None = None, ignore_index: int = 255):
+        """`num_classes`: the model's outputs, fixed by `bind`; `ignore_index`: the mask value scored nowhere."""
+        self.num_classes, self.ignore_index = num_classes, ignore_index
+        self.criterion = torch.nn.CrossEntropyLoss(ignore_index=ignore_index)
+
+    def check_target(self, target: Any) -> None:
+        if as_mask(target) is None:  # ValueError for a mask of the wrong kind
+            raise TypeError(f"got {type(target).__name__}, not a mask")
+
+    def num_outputs(self, source) -> int:
+        self.num_classes = super().num_outputs(source)
+        return self.num_classes
+
+    def loss(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        return self.criterion(self.logits(outputs).float(), targets.long())
+
+    def confusion(self, predicted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The classes x classes confusion counts of one slice (int64, on its device; ignored pixels left out)."""
+        n = self.num_classes
+        targets = targets.long()
+        scored = targets != self.ignore_index
+        cells = targets[scored] * n + predicted[scored]
+        return torch.bincount(cells, minlength=n * n)[:n * n].reshape(n, n)
+
+    def eval_counts(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(outputs)
+        if self.num_classes is None:
+            self.num_classes = logits.shape[1]
+        return self.confusion(logits.argmax(dim=1), targets).flatten().double()
+
+    def figures_of(self, counts: Sequence[float], samples: int) -> dict[str, float]:
+        return scores(np.asarray(counts, dtype=np.float64).reshape(self.num_classes, self.num_classes))
+
+
+def scores(confusion: np.ndarray) -> dict[str, float]:
+    """mIoU and pixel accuracy of a confusion matrix (rows true, columns predicted). A class absent from both the
+    targets and the predictions has no IoU and is left out of the mean; no scored pixel at all gives 0."""
+    hits = np.diag(confusion)
+    union = confusion.sum(axis=0) + confusion.sum(axis=1) - hits
+    present = union > 0
+    total = confusion.sum()
+    return {"val_miou": float((hits[present] / union[present]).mean()) if present.any() else 0.0,
+            "val_pixel_acc": float(hits.sum() / total) if total else 0.0}
