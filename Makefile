@@ -7,29 +7,46 @@ DATA ?= data/synthetic
 SEED_DATA ?= data/synthetic-320
 PHOTO_DATA ?= data/photos-12mp
 IMAGENET_DATA ?= data/synthetic-500
+VOC_DATA ?= data/synthetic-voc
+REAL_DATA ?= data/photos-500
 ARGS ?=
 NPROC ?= 2
 MIN_PYTHON := 3.11
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock dataset train test test-fast lint test-container torchrun slurm gpu-check gpu-wheels bench soak tune tensorboard clean
+.PHONY: help setup setup-dev lock dataset train test test-fast lint test-container torchrun slurm gpu-check gpu-wheels bench soak tune tensorboard clean
 
 help: ## List the targets
 	@if [ -t 1 ]; then on='\033[36m'; off='\033[0m'; fi; \
 	grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
 	  | awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "}; {printf "  %s%-15s%s %s\n", on, $$1, off, $$2}'
 
-$(VENV)/.installed: pyproject.toml requirements.txt constraints.txt
+# Two install stamps. .installed: what training needs, requirements.txt and loadout (editable), every version from
+# the lock; `make train` stops there. .installed-dev: that plus the dev extras (pytest, ruff, moto, the optional
+# trackers, timm, ...), which the tests, lint and benchmarks need; its recipe installs both at once and touches both
+# stamps, so `make test` on a fresh clone resolves once, and `make train` after it has nothing to do.
+define make_venv
 	@v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
 	  && [ "$$(printf '%s\n' $(MIN_PYTHON) "$$v" | sort -V | head -1)" = $(MIN_PYTHON) ] \
 	  || { echo "error: loadout needs Python >= $(MIN_PYTHON) (the lock's numpy and matplotlib do); $(PYTHON) is" \
 	       "$${v:-missing}: install python$(MIN_PYTHON) and run make PYTHON=python$(MIN_PYTHON) $(MAKECMDGOALS)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+endef
+
+$(VENV)/.installed: pyproject.toml requirements.txt constraints.txt
+	$(make_venv)
+	$(PY) -m pip install --quiet -c constraints.txt -e .
 	touch $@
 
-setup: $(VENV)/.installed ## Create .venv and install loadout (every version from the lock, constraints.txt)
+$(VENV)/.installed-dev: pyproject.toml requirements.txt constraints.txt
+	$(make_venv)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+setup: $(VENV)/.installed ## Create .venv and install what training needs (requirements.txt, every version from the lock)
+
+setup-dev: $(VENV)/.installed-dev ## setup, plus the dev extras the tests, lint and benchmarks use (make test does it)
 
 lock: setup ## Re-lock constraints.txt after editing requirements.txt or pyproject.toml's extras (keeps existing pins, torch's too)
 	$(PY) -m pip install --quiet pip-tools
@@ -39,7 +56,10 @@ lock: setup ## Re-lock constraints.txt after editing requirements.txt or pyproje
 $(DATA)/.complete: | $(VENV)/.installed
 	$(PY) scripts/make_dataset.py --out $(DATA)
 
-dataset: $(DATA)/.complete ## Make the embedded default dataset (synthetic JPEG ImageFolder) if missing
+$(VOC_DATA)/.complete: | $(VENV)/.installed
+	$(PY) scripts/make_dataset.py --task segmentation --out $(VOC_DATA)
+
+dataset: $(DATA)/.complete $(VOC_DATA)/.complete ## Make the embedded datasets (classification ImageFolder, segmentation VOC) if missing
 
 train: setup dataset ## Train on the embedded dataset (ARGS="hardware=cpu trainer.epochs=2" to override)
 	$(PY) -m train $(ARGS)
@@ -47,17 +67,17 @@ train: setup dataset ## Train on the embedded dataset (ARGS="hardware=cpu traine
 torchrun: setup dataset ## Train with torchrun on this box: make torchrun NPROC=2 ARGS="hardware=cpu trainer.epochs=1"
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m train $(ARGS)
 
-test: setup ## Run the test suite (lint included)
+test: setup-dev ## Run the test suite (lint included)
 	$(PY) -m ruff check train scripts tests bench examples
 	$(PY) -m pytest -q $(ARGS)
 
-test-fast: setup ## Run the tests not marked slow
+test-fast: setup-dev ## Run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
-lint: setup ## ruff on the Python sources
+lint: setup-dev ## ruff on the Python sources
 	$(PY) -m ruff check train scripts tests bench examples
 
-gpu-check: setup ## On a GPU box: CUDA tests, GPU profiles, one-rank DDP, resume, fp16, compile, decode=device (ARGS="--only a100"; offline: docs/gpu.md)
+gpu-check: setup-dev ## On a GPU box: CUDA tests, GPU profiles, one-rank DDP, resume, fp16, compile, decode=device (ARGS="--only a100"; offline: docs/gpu.md)
 	$(PY) scripts/gpu_check.py $(ARGS)
 
 gpu-wheels: setup ## Wheels an offline GPU box with torch preinstalled lacks for gpu_check, in .gpu-wheels/ (docs/gpu.md)
@@ -66,7 +86,7 @@ gpu-wheels: setup ## Wheels an offline GPU box with torch preinstalled lacks for
 slurm: ## Start a one-node Slurm here (root; installs slurm-wlm + munge) to try scripts/slurm/train.sbatch
 	bash tests/infra/slurm_local_cluster.sh start
 
-test-container: setup dataset ## Build the image (stand-in base when the real one can't be pulled) and run compose for real
+test-container: setup-dev dataset ## Build the image (stand-in base when the real one can't be pulled) and run compose for real
 	bash tests/infra/test_container.sh
 
 TB_HOST ?= 127.0.0.1
@@ -86,10 +106,13 @@ $(PHOTO_DATA)/.complete: | $(VENV)/.installed
 $(IMAGENET_DATA)/.complete: | $(VENV)/.installed
 	$(PY) scripts/make_dataset.py --out $(IMAGENET_DATA) --size 500 --train-per-class 20 --val-per-class 2
 
-bench: setup dataset $(SEED_DATA)/.complete $(PHOTO_DATA)/.complete $(IMAGENET_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
-	@for b in decode workers epoch_latency packed shards shard_order shard_memory cache rss photos cpu_profile gpu_prefetch; do $(PY) bench/$$b.py || exit 1; done
+$(REAL_DATA)/.complete: | $(VENV)/.installed-dev
+	$(PY) scripts/make_photos.py --out $(REAL_DATA)
 
-soak: setup dataset ## A long run stays flat: PSS, open files, threads per epoch, nothing left after exit (SOAK_EPOCHS=40)
+bench: setup-dev dataset $(SEED_DATA)/.complete $(PHOTO_DATA)/.complete $(IMAGENET_DATA)/.complete $(REAL_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
+	@for b in decode workers real_photos segmentation epoch_latency packed shards shard_order shard_memory cache rss photos cpu_profile gpu_prefetch startup; do $(PY) bench/$$b.py || exit 1; done
+
+soak: setup-dev dataset ## A long run stays flat: PSS, open files, threads per epoch, nothing left after exit (SOAK_EPOCHS=40)
 	$(PY) bench/soak.py
 
 clean: ## Remove outputs/ (runs and sweeps; keeps .venv and data/)

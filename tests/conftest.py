@@ -144,9 +144,10 @@ def whole_and_resumed(cfg, epoch: int, taken: int) -> tuple[list, list]:
         return whole, host(data.train)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shards(tiny_dataset, tmp_path_factory) -> Path:
-    """The tiny ImageFolder as shards of ~23 kB: 240 training samples over tens of shards, the last one shorter."""
+    """The tiny ImageFolder as shards of ~23 kB: 240 training samples over tens of shards, the last one shorter.
+    Made once for the session: tests read it, and copy it before they damage or serve a copy."""
     out = tmp_path_factory.mktemp("shards")
     subprocess.run([sys.executable, "scripts/make_shards.py", str(tiny_dataset), str(out), "--shard-bytes", "23000"],
                    cwd=ROOT, check=True, capture_output=True)

@@ -182,6 +182,7 @@ def test_a_torchcodec_that_does_not_load_is_one_line(small_run_args, unloadable_
     assert "torch >= 2.11" in lines[0] and "data.decode=cpu" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.version.cuda is None, reason="docker/check_torch.py loads torchcodec in CUDA images only")
 def test_the_image_build_checks_that_torchcodec_loads(unloadable_torchcodec):
     """docker/check_torch.py, as the Dockerfile runs it: the lock's torch fails the build in one line; a base's own

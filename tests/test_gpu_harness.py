@@ -95,6 +95,7 @@ def test_the_wheel_set_resolves_offline_for_the_gpu_machine(tmp_path):
     assert without.returncode != 0 and "hydra-core" in without.stderr, without.stderr
 
 
+@pytest.mark.slow
 def test_gpu_check_installs_carried_wheels_with_no_index_then_runs(tmp_path):
     """An interpreter with torch but without hydra-core, omegaconf, antlr4 and torchdata (a venv that sees this
     one's packages less those): gpu_check installs them from the wheel folder with no index, then goes on."""
@@ -141,6 +142,7 @@ def test_gpu_check_stops_in_one_line_with_a_minimal_report_when_the_environment_
     assert report["pending"] == gpu_check.PART_NAMES
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA is unusable")
 def test_without_cuda_each_cuda_part_is_skipped_in_one_line_and_reported(tmp_path):
     if gpu_check.gpu_present(CudaFacts.of_this_machine()):
@@ -177,6 +179,7 @@ def test_unusable_cuda_is_a_failure_where_an_nvidia_driver_answers(facts, presen
     assert gpu_check.gpu_present(facts) is present
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA is unusable")
 def test_a_gpu_box_whose_cuda_is_unusable_stops_the_check_in_one_line(tmp_path):
     """An nvidia-smi that answers with a driver version (a box with a driver whose libcuda does not load here): no

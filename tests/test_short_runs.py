@@ -62,6 +62,7 @@ def lr_of_step(step: int, total_steps: int) -> float:
     return optimizer.param_groups[0]["lr"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pty")
 def test_the_bar_and_the_epoch_line_count_to_max_steps(tiny_dataset, tmp_path):
     status, out = on_a_terminal(short_run(tiny_dataset, tmp_path / "run"), cwd=tmp_path)

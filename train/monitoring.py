@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from train.config import ConfigError
 from train.dist import DistEnv
@@ -97,13 +94,16 @@ class _WindowTracker:
 
 
 # -- sinks ---------------------------------------------------------------------------------------------------
-class _MemoryCollector(Collector):
-    """Memory read at scrape time: live even while the loop is stalled on data or evaluating."""
+class _MemoryCollector:
+    """Memory read at scrape time: live even while the loop is stalled on data or evaluating (a prometheus_client
+    Collector, a Protocol: prometheus_client is imported only by runs that serve metrics)."""
 
     def __init__(self, sampler: MemorySampler, rank: str):
         self.sampler, self.rank = sampler, rank
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator:
+        from prometheus_client.core import GaugeMetricFamily
+
         sample = self.sampler.sample()
         for key, value in memory_figures(self.sampler, sample).items():
             metric = MEMORY[key]
@@ -122,6 +122,8 @@ class PrometheusSink:
     """An HTTP /metrics endpoint on its own registry; raises ConfigError at start when the port is taken."""
 
     def __init__(self, port: int, host: str, env: DistEnv, sampler: MemorySampler):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
         self.port = port + env.local_rank
         if self.port > 65535:
             raise ConfigError(f"trainer.metrics_port={port}: port + LOCAL_RANK ({env.local_rank}) exceeds "
