@@ -4,21 +4,27 @@
 Both read the same JPEGs (the embedded VOC-layout set, data/synthetic-voc: 80 px) through loadout's Samples path
 and a DataLoader with its shared-memory ring and data.num_workers workers, to data.image_size (64). Classification
 takes each image with a label through its default recipe (augment=crop_flip: Resize -> RandomCrop -> flip);
-segmentation takes the image and its PNG mask through augment=segmentation (RandomResize -> RandomCrop -> flip,
+segmentation takes the image and its PNG mask through augment=segmentation (scale -> crop as ScaledCrop -> flip,
 one draw for both). The difference is the mask: its PNG decode, its geometry, its bytes through the hand-over.
+A second line gives each stage's cost per sample in one thread's CPU time (steadier than wall time on a shared
+machine): where the ratio goes.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from common import ROOT, images_per_s, interleaved_samples, machine, report, spread
 from torch.utils.data import DataLoader
+from torchvision import tv_tensors
 
 from train.data.augment import Recipe
 from train.data.decode import decode_image_file
+from train.data.masks import decode_mask
 from train.data.plan import LoaderPlan
 from train.data.ring import build_collate
 from train.data.samples import Samples
@@ -55,6 +61,34 @@ def loader(source, transform) -> DataLoader:
                       collate_fn=build_collate(plan))
 
 
+def cpu_us(work: Callable[[int], object], count: int) -> float:
+    """One thread's CPU time per call of work(0..count-1), best of 3 passes, in microseconds."""
+    best = float("inf")
+    for _ in range(3):
+        torch.manual_seed(0)
+        start = time.thread_time()
+        for index in range(count):
+            work(index)
+        best = min(best, time.thread_time() - start)
+    return best / count * 1e6
+
+
+def stage_costs(voc: VOCSegmentation, classify, segment, count: int = 200) -> str:
+    """Per sample, one thread: the decodes and each recipe's transform."""
+    images = [Path(voc.paths[i].decode()).read_bytes() for i in range(count)]
+    masks = [Path(voc.mask_paths[i].decode()).read_bytes() for i in range(count)]
+    decoded = [decode_image_file(data) for data in images]
+    decoded_masks = [decode_mask(data) for data in masks]
+    torch.set_num_threads(1)
+    costs = {"image decode": cpu_us(lambda i: decode_image_file(images[i]), count),
+             "mask decode": cpu_us(lambda i: decode_mask(masks[i]), count),
+             "classification transform": cpu_us(lambda i: classify(decoded[i]), count),
+             "segmentation transform (image + mask)": cpu_us(
+                 lambda i: segment(decoded[i].as_subclass(tv_tensors.Image),
+                                   decoded_masks[i].as_subclass(tv_tensors.Mask)), count)}
+    return ", ".join(f"{name} {us:.0f}" for name, us in costs.items())
+
+
 def main() -> None:
     if not (VOC_DATA / ".complete").exists():
         raise SystemExit(f"no {VOC_DATA}: `make dataset` (scripts/make_dataset.py --task segmentation) makes it")
@@ -66,6 +100,7 @@ def main() -> None:
     report("segmentation loader / classification loader", max(seg) / max(cls), ">= 0.8", max(seg) / max(cls) >= 0.8,
            f"images/s at {DataCfg.image_size} px from {len(voc)} 80 px JPEGs, {WORKERS} workers, batch {BATCH}: "
            f"segmentation {spread(seg)}, classification {spread(cls)}; {machine()}")
+    print(f"  per sample, us of one thread's CPU: {stage_costs(voc, classify, segment)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@ each geometric step's one draw to both, pads masks with 255 (ignore) and leaves 
 Normalize. Masks are resized nearest-neighbour (never antialiased: no class is invented at a border), as
 NEAREST_EXACT: it samples the pixel centres the image's bilinear resize samples, where v2's default NEAREST takes
 the top-left neighbour and shifts a mask off its image by up to half the scale factor (a 2.5x downscale: 7% of the
-pixels of 16-px blocks land on the wrong class; tests/test_segmentation_data.py). `JointCompose` runs a pair
-through v2's own steps without v2's per-call flattening and dispatch (bench/segmentation.py). The training
-recipe is pytorch/vision references/segmentation's (`presets.SegmentationPresetTrain`): the shorter side scaled to
-a random size around data.resize_size, a data.image_size crop (padded where the scaled image is smaller), a flip.
+pixels of 16-px blocks land on the wrong class; tests/test_segmentation_data.py), through masks.resize_exact (the
+same pixels, a fraction of the time). `JointCompose` runs a pair through v2's own steps without v2's per-call
+flattening and dispatch (bench/segmentation.py). The training recipe is pytorch/vision references/segmentation's
+(`presets.SegmentationPresetTrain`): the shorter side scaled to a random size around data.resize_size, a
+data.image_size crop (padded where the scaled image is smaller), a flip; `ScaledCrop` draws the crop as that
+scale-then-crop does but resizes only the crop's window.
 `crop: resized` takes RandomResizedCrop instead (no padding). Validation resizes to image_size x image_size, so a
 batch has one size and every pixel of the image is scored. Draws come from torch's RNG, seeded per sample from
 (seed, epoch, index) (samples.py), so a resumed run sees the same pixels and masks.
@@ -25,7 +27,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from train.config import ConfigError
-from train.data.masks import IGNORE_INDEX
+from train.data.masks import IGNORE_INDEX, resize_exact
 from train.data.transforms import RANDOM_APPLY_FORWARD, DirectCompose, flip_threshold, resize_size, to_float_steps
 
 EXACT = F.InterpolationMode.NEAREST_EXACT
@@ -36,16 +38,9 @@ class Resize(v2.Resize):
 
     def transform(self, inpt, params):
         if isinstance(inpt, tv_tensors.Mask):
+            if len(self.size) == 2:  # a fixed (H, W): the fast exact path
+                return tv_tensors.wrap(resize_exact(inpt.as_subclass(torch.Tensor), list(self.size)), like=inpt)
             return F.resize(inpt, self.size, interpolation=EXACT, max_size=self.max_size)
-        return super().transform(inpt, params)
-
-
-class RandomResize(v2.RandomResize):
-    """v2.RandomResize, masks NEAREST_EXACT."""
-
-    def transform(self, inpt, params):
-        if isinstance(inpt, tv_tensors.Mask):
-            return F.resize(inpt, params["size"], interpolation=EXACT)
         return super().transform(inpt, params)
 
 
@@ -54,26 +49,63 @@ class RandomResizedCrop(v2.RandomResizedCrop):
 
     def transform(self, inpt, params):
         if isinstance(inpt, tv_tensors.Mask):
-            crop = F.crop(inpt, params["top"], params["left"], params["height"], params["width"])
-            return F.resize(crop, self.size, interpolation=EXACT)  # F.resized_crop's mask path takes NEAREST
+            crop = inpt.as_subclass(torch.Tensor)[params["top"]:params["top"] + params["height"],
+                                                  params["left"]:params["left"] + params["width"]]
+            return tv_tensors.wrap(resize_exact(crop, list(self.size)), like=inpt)  # F.resized_crop's: NEAREST
         return super().transform(inpt, params)
 
 
-class PaddedCrop(v2.RandomCrop):
-    """v2.RandomCrop(size, pad_if_needed=True): an image smaller than the crop padded with 0, its mask with 255 (ignore)
-    first, by torch's pad (v2's F.pad takes 3-4x as long on the decoder's channels-innermost layout)."""
+def _window(scaled: int, crop: int, stored: int) -> tuple[int, int, int, int]:
+    """One axis of ScaledCrop: the crop's offset in the scaled image drawn as v2.RandomCrop(pad_if_needed) draws it,
+    as (source start, source length, output length, padding before)."""
+    if scaled >= crop:
+        offset = int(torch.randint(0, scaled - crop + 1, ())) if scaled > crop else 0
+        length = min(stored, max(1, round(crop * stored / scaled)))
+        return min(round(offset * stored / scaled), stored - length), length, crop, 0
+    margin = crop - scaled  # v2 pads both sides by the shortfall, then crops: the image lands `margin - offset` in
+    offset = int(torch.randint(0, margin + 1, ()))
+    return 0, stored, scaled, margin - offset
 
-    def __init__(self, size: int):
-        super().__init__(size, pad_if_needed=True, fill={tv_tensors.Mask: IGNORE_INDEX, "others": 0})
+
+class ScaledCrop(v2.Transform):
+    """v2.RandomResize(min_size, max_size) then v2.RandomCrop(size, pad_if_needed=True), resizing only the window.
+
+    The same draws in the same order (the scaled shorter side, then the crop's top and left on the scaled size) give
+    the same windows; the window is mapped back to the stored image (rounded to whole stored pixels: under half a
+    stored pixel of placement) and only it is resized, to at most size x size, where resize-then-crop resizes the
+    whole image up to 2x first (up to 4x the pixels; bench/segmentation.py). A scaled image smaller than the crop is
+    resized whole and padded as v2 pads it: 0 for the image, 255 (ignore) for the mask. Image and mask take the same
+    integer window to the same output size, bilinear and NEAREST_EXACT, so their pixel centres coincide."""
+
+    def __init__(self, min_size: int, max_size: int, size: int):
+        super().__init__()
+        self.min_size, self.max_size, self.size = min_size, max_size, size
+
+    def make_params(self, flat_inputs: list) -> dict:
+        height, width = F.get_size(flat_inputs[0])
+        shorter = int(torch.randint(self.min_size, self.max_size, ()))  # v2.RandomResize's draw
+        if height <= width:
+            scaled = shorter, int(shorter * width / height)  # v2's resized size for a shorter side
+        else:
+            scaled = int(shorter * height / width), shorter
+        top, box_h, out_h, pad_top = _window(scaled[0], self.size, height)
+        left, box_w, out_w, pad_left = _window(scaled[1], self.size, width)
+        return {"box": (top, left, box_h, box_w), "out": [out_h, out_w],
+                "padding": [pad_left, self.size - out_w - pad_left, pad_top, self.size - out_h - pad_top]}
 
     def transform(self, inpt, params):
-        if params["needs_pad"]:
-            left, top, right, bottom = params["padding"]
-            fill = IGNORE_INDEX if isinstance(inpt, tv_tensors.Mask) else 0
-            padded = torch.nn.functional.pad(inpt.as_subclass(torch.Tensor), [left, right, top, bottom], value=fill)
-            inpt = tv_tensors.wrap(padded, like=inpt) if isinstance(inpt, tv_tensors.TVTensor) else padded
-            params = {**params, "needs_pad": False}
-        return super().transform(inpt, params)
+        top, left, box_h, box_w = params["box"]
+        window = inpt.as_subclass(torch.Tensor)[..., top:top + box_h, left:left + box_w]
+        mask = isinstance(inpt, tv_tensors.Mask)
+        if mask:
+            out = resize_exact(window, params["out"])
+        else:  # the window copied channels-innermost first: the resize keeps that layout and runs faster on it
+            if window.stride(0) == 1:
+                window = window.permute(1, 2, 0).contiguous().permute(2, 0, 1)
+            out = F.resize_image(window, params["out"], antialias=True)
+        if any(params["padding"]):  # torch's pad: v2's F.pad takes 3-4x as long on the decoder's channels-innermost
+            out = torch.nn.functional.pad(out, params["padding"], value=IGNORE_INDEX if mask else 0)
+        return tv_tensors.wrap(out, like=inpt) if isinstance(inpt, tv_tensors.TVTensor) else out
 
 
 class JointCompose(DirectCompose):
@@ -122,8 +154,7 @@ class SegmentationRecipe:
             steps = [RandomResizedCrop(size, scale=(self.scale_min, self.scale_max), antialias=True)]
         else:
             base = resize_size(data_cfg)
-            steps = [RandomResize(int(self.scale_min * base), int(self.scale_max * base) + 1, antialias=True),
-                     PaddedCrop(size)]
+            steps = [ScaledCrop(int(self.scale_min * base), int(self.scale_max * base) + 1, size)]
         if self.flip:
             steps.append(v2.RandomHorizontalFlip())
         if self.color_jitter:
