@@ -22,19 +22,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from train.config import ConfigError, first_line
-from train.data.decode import JPEG_MAGIC, UNREADABLE, dct_scale, decode_image_file
+from train.data.decode import JPEG_MAGIC, UNREADABLE, decode_image_file
+from train.data.geometry import BoxPlan
 from train.data.plan import LoaderPlan
 from train.data.source import Offers
-from train.data.transforms import check_crop, flip_threshold, random_crop_offsets, resized_size
 
 log = logging.getLogger(__name__)
 EMPTY_IMAGES = torch.empty(0, dtype=torch.uint8)  # an encoded batch's images, until the device decodes them
@@ -90,54 +88,6 @@ class Encoded:
 
     def files(self) -> list[torch.Tensor]:
         return [self.data[start:stop] for start, stop in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
-
-
-class BoxPlan:
-    """The geometry of a pipeline [Resize] -> RandomCrop | CenterCrop -> [RandomHorizontalFlip], or RandomResizedCrop
-    -> [RandomHorizontalFlip]: what data.decode=device can run on the device."""
-
-    def __init__(self, resize: int | None, crop, flip_p: float):
-        self.resize, self.crop, self.flip = resize, crop, flip_threshold(flip_p) if flip_p else None
-
-    @classmethod
-    def of(cls, transform) -> BoxPlan | None:
-        steps = list(transform.transforms) if isinstance(transform, v2.Compose) else [transform]
-        resize = None
-        if steps and type(steps[0]) is v2.Resize and len(steps[0].size) == 1 and steps[0].max_size is None:
-            resize, steps = steps[0].size[0], steps[1:]
-        if not steps or type(steps[0]) not in (v2.RandomCrop, v2.CenterCrop, v2.RandomResizedCrop):
-            return None
-        crop, steps = steps[0], steps[1:]
-        if type(crop) is v2.RandomCrop and (crop.padding is not None or crop.pad_if_needed):
-            return None
-        if type(crop) is v2.RandomResizedCrop and resize is not None:
-            return None
-        flip = 0.0
-        if steps and type(steps[0]) is v2.RandomHorizontalFlip:
-            flip, steps = steps[0].p, steps[1:]
-        return None if steps else cls(resize, crop, flip)
-
-    def draw(self, stored: tuple[int, int], min_side: int | None, orientation: int = 1) -> tuple[int, ...]:
-        """The geometry row of an image stored at `stored` (H, W) with EXIF `orientation`, drawn from torch's RNG as
-        the CPU pipeline draws (the caller seeds it)."""
-        height, width = stored
-        scale = dct_scale(width, height, min_side)
-        decoded = (math.ceil(height / scale), math.ceil(width / scale))
-        resized = resized_size(decoded, self.resize) if self.resize else decoded
-        crop = self.crop
-        if type(crop) is v2.RandomResizedCrop:
-            params = crop.make_params([torch.empty(()).expand(3, *resized)])  # its draws need the size alone
-            box, out = (params["top"], params["left"], params["height"], params["width"]), tuple(crop.size)
-        else:
-            crop_h, crop_w = crop.size
-            check_crop((crop_h, crop_w), resized)
-            if type(crop) is v2.RandomCrop:
-                top, left = random_crop_offsets(*resized, crop_h, crop_w)
-            else:
-                top, left = int(round((resized[0] - crop_h) / 2.0)), int(round((resized[1] - crop_w) / 2.0))
-            box, out = (top, left, crop_h, crop_w), (crop_h, crop_w)
-        flip = self.flip is not None and torch.rand(1).item() < self.flip
-        return (*stored, *decoded, *resized, *box, *out, int(flip), int(self.resize is not None), orientation)
 
 
 class DeviceDecoder:

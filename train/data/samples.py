@@ -36,7 +36,8 @@ from torchvision import tv_tensors
 from train.data.activity import ActivityBoard
 from train.data.cache import SharedSampleCache
 from train.data.decode import UNREADABLE, decode_crop, decoded_size, exif_orientation, image_size
-from train.data.encoded import BoxPlan, EncodedSample
+from train.data.encoded import EncodedSample
+from train.data.geometry import BoxPlan
 from train.data.loader import LoaderError
 from train.data.masks import as_mask, check_mask_size
 from train.data.seeds import sample_seeds

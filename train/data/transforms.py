@@ -24,41 +24,13 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from train.data.geometry import BATCHABLE, Geometry, check_crop, flip_threshold, random_crop_offsets
+
 # The forward v2's random-apply transforms share (flips, grayscale, solarize, ...): a coin with p, then the transform.
 RANDOM_APPLY_FORWARD = v2.RandomVerticalFlip.forward
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-
-
-# Per-pixel steps that give the same result on a (N, C, H, W) batch as on each image (a CropFlipPlan batches them).
-BATCHABLE = (v2.ToDtype, v2.Normalize)
-
-
-def flip_threshold(p: float) -> float:
-    """A RandomApply transform's p as v2 compares it: with a float32 draw, so as float32."""
-    return float(torch.tensor(p, dtype=torch.float32))
-
-
-def check_crop(crop: tuple[int, int], image: tuple[int, int], fix: str = "") -> None:
-    """v2.RandomCrop's error for an image smaller than the crop (its own words), with `fix` after them."""
-    if image[0] < crop[0] or image[1] < crop[1]:
-        raise ValueError(f"Required crop size {tuple(crop)} is larger than input image size {tuple(image)}.{fix}")
-
-
-def random_crop_offsets(image_h: int, image_w: int, height: int, width: int) -> tuple[int, int]:
-    """v2.RandomCrop's two draws from torch's RNG (top, then left, each only where the image is larger)."""
-    top = int(torch.randint(0, image_h - height + 1, size=())) if image_h > height else 0
-    left = int(torch.randint(0, image_w - width + 1, size=())) if image_w > width else 0
-    return top, left
-
-
-def resized_size(size: tuple[int, int], shorter: int) -> tuple[int, int]:
-    """(H, W) after v2.Resize(shorter): the shorter side to `shorter`, the longer one scaled and truncated."""
-    height, width = size
-    if height <= width:
-        return shorter, int(shorter * width / height)
-    return int(shorter * height / width), shorter
 
 
 def _direct(step: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -170,16 +142,11 @@ class CropFlipPlan:
     @classmethod
     def of(cls, transform) -> CropFlipPlan | None:
         """The plan of `transform`, or None when it is any other pipeline."""
-        steps = list(transform.transforms) if isinstance(transform, v2.Compose) else [transform]
-        if not steps or type(steps[0]) is not v2.RandomCrop or steps[0].padding is not None \
-                or steps[0].pad_if_needed:
+        geometry = Geometry.of(transform)
+        if geometry is None or geometry.resize is not None or type(geometry.crop) is not v2.RandomCrop \
+                or not all(type(step) in BATCHABLE for step in geometry.rest):
             return None
-        (height, width), flip, rest = steps[0].size, 0.0, steps[1:]
-        if rest and type(rest[0]) is v2.RandomHorizontalFlip:
-            flip, rest = float(rest[0].p), rest[1:]
-        if not all(type(step) in BATCHABLE for step in rest):
-            return None
-        return cls(height, width, flip, tuple(rest))
+        return cls(*geometry.crop.size, geometry.flip_p, geometry.rest)
 
     def draws(self, seeds: np.ndarray, side_h: int, side_w: int) -> tuple[list[int], list[int], list[bool]]:
         """(tops, lefts, flips) for images of side_h x side_w: 24 bits each for top and left, 16 for the coin."""
@@ -209,8 +176,9 @@ class ResizedCropFirst:
 
     @classmethod
     def of(cls, transform) -> ResizedCropFirst | None:
-        if not isinstance(transform, DirectCompose) or not transform.transforms \
-                or type(transform.transforms[0]) is not v2.RandomResizedCrop:
+        geometry = Geometry.of(transform)
+        if not isinstance(transform, DirectCompose) or geometry is None \
+                or type(geometry.crop) is not v2.RandomResizedCrop:
             return None
         return cls(transform.transforms[0], tuple(transform._steps[1:]))
 
