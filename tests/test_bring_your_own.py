@@ -15,10 +15,11 @@ from omegaconf import OmegaConf
 from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
 from train import checkpoint
 from train.build import instantiate
-from train.config import ConfigError, drop_worker_knobs, validate
+from train.config import drop_worker_knobs, validate
 from train.data import build_sources, data_from_config
 from train.data.augment import BatchMix
 from train.dist import DistEnv
+from train.errors import ConfigError
 from train.model import build_model
 from train.overrides import check_command_line
 from train.step import TrainStep

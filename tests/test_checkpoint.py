@@ -9,10 +9,10 @@ import torch
 
 from tests.conftest import compose_config
 from train import checkpoint
-from train.config import ConfigError
 from train.data import data_from_config
 from train.dist import DistEnv
 from train.engine import Trainer
+from train.errors import ConfigError
 from train.model import build_model
 
 CPU = torch.device("cpu")

@@ -10,8 +10,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from tests.conftest import compose_config, run_cli
-from train.config import ConfigError, validate
+from train.config import validate
 from train.data.plan import num_workers_for
+from train.errors import ConfigError
 
 PROFILES = {
     "rtx3060": dict(batch_size=32, num_workers=3, pin_memory=True, prefetch_factor=2, persistent_workers=False),

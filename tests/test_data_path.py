@@ -21,7 +21,6 @@ from torchvision.transforms import v2
 
 from scripts.pack_dataset import pack_split
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
-from train.config import ConfigError
 from train.data import data_from_config
 from train.data.cache import SharedSampleCache
 from train.data.datasets import Cifar10Dataset, ImageFolderDataset
@@ -34,6 +33,7 @@ from train.data.stream import EpochBatchSampler, build_train_stream
 from train.data.transforms import MEAN, STD, DirectCompose, fit_square
 from train.data.workers import init_worker
 from train.dist import DistEnv
+from train.errors import ConfigError
 
 CPU = torch.device("cpu")
 

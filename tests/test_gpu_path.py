@@ -14,10 +14,10 @@ from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import RECORD_SAMPLES, assert_each_sample_once, compose_config, read_metrics, run_cli
 from tests.test_distributed import only_run_dir, torchrun
 from train import checkpoint, no_retry
-from train.config import ConfigError
 from train.data.augment import BatchMix
 from train.device import CudaFacts, cuda_index, why_no_cuda
 from train.dist import DistEnv, group_timeout
+from train.errors import ConfigError
 from train.model import build_model
 from train.step import TrainStep
 

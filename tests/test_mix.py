@@ -27,13 +27,13 @@ from tests.conftest import (
     wait_for,
 )
 from tests.test_shards import s3 as s3_server  # noqa: F401  (moto's S3 server with the shards, as a fixture)
-from train.config import ConfigError
 from train.data import build_sources, data_from_config
 from train.data.loader import build_sampler
 from train.data.mix import MixReadError, MixSource
 from train.data.samples import Samples
 from train.data.source import sample_name
 from train.dist import DistEnv
+from train.errors import ConfigError
 from train.metrics import EPOCH
 
 PER_EPOCH, BATCH = 96, 16  # 3:1 of 96: 72 folder samples and 24 from the shards an epoch, 6 batches

@@ -26,8 +26,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import ROOT, compose_config, run_cli
 from tests.test_distributed import finish_or_show_stacks
-from train.config import ConfigError, validate
+from train.config import validate
 from train.dist import DistEnv
+from train.errors import ConfigError
 from train.memory import MemorySampler
 from train.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY, EpochMeter
 from train.monitoring import Monitor, PrometheusSink

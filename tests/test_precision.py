@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from tests.conftest import compose_config, read_metrics, run_cli
-from train.config import ConfigError, validate
+from train.config import validate
 from train.dist import DistEnv
+from train.errors import ConfigError
 from train.model import build_model
 from train.precision import cpu_flags, resolve
 from train.step import TrainStep

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.resume_run import RESUMES, record, replay, saved_overrides
 
 SECRET_URL = "https://user:secret@127.0.0.1:1/data"

@@ -18,13 +18,13 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from train.config import ConfigError
 from train.data.masks import resize_exact
 from train.data.plan import LoaderPlan
 from train.data.ring import build_collate
 from train.data.samples import Samples
 from train.data.seg_augment import ScaledCrop, SegmentationRecipe
 from train.data.voc import VOC_CLASSES, VOCSegmentation
+from train.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 COLOURS = np.array([(0, 0, 0), (230, 20, 20), (20, 230, 20), (20, 20, 230)], dtype=np.uint8)  # class -> colour

@@ -11,11 +11,11 @@ import logging
 import numpy as np
 import pytest
 
-from train.config import ConfigError
 from train.data.datasets import ImageFolderDataset
 from train.data.loader import ShardWindowSampler
 from train.data.shard_order import DEFAULT_WINDOW, MOST_SAMPLES, shard_window, spread_of_labels
 from train.data.shards import ShardSource
+from train.errors import ConfigError
 
 BATCH = 16
 

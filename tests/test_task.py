@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, compose_config
-from train.config import ConfigError
 from train.data.batch import Batch
 from train.data.source import check_sources
 from train.dist import DistEnv
+from train.errors import ConfigError
 from train.metrics import EPOCH, epoch_line
 from train.progress import Progress
 from train.step import TrainStep

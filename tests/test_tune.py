@@ -16,7 +16,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF, compose_config, read_metrics, run_cli
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.tune.config import check_sweep, default_sweep, expand_sweep, register_tune
 from train.tune.measure import RESULT_FILE, find_duplicate, measured_config
 from train.tune.profile import pick_best

@@ -23,10 +23,10 @@ import torch
 
 from tests.conftest import ROOT, compose_config, training_at, wait_for
 from train import checkpoint
-from train.config import ConfigError
 from train.data import data_from_config
 from train.data.stream import LoaderPositions
 from train.dist import DistEnv
+from train.errors import ConfigError
 from train.progress import Plan, Progress
 
 CPU = torch.device("cpu")

@@ -57,9 +57,10 @@ def split(argv: list[str]) -> tuple[list[str], list[str]] | None:
 def prepare(argv: list[str]) -> list[str]:
     """The arguments Hydra gets: the overrides checked (one line and exit 2 on a bad one), a resume's run replayed,
     `--cfg` printing resolved values, and the quiet overrides of ranks > 0."""
-    from train.config import ConfigError, register
+    from train.config import register
     from train.credentials import without_credentials
     from train.dist import DistEnv, hydra_rank_overrides
+    from train.errors import ConfigError
     from train.overrides import check_command_line
     from train.resume_run import check_unchanged, replay, resumed_dir
 

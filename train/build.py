@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 
 def instantiate(key: str, spec: Any, *args: Any, **kwargs: Any) -> Any:

@@ -24,7 +24,7 @@ from typing import IO, Protocol
 
 import torch
 
-from train.config import ConfigError, first_line
+from train.errors import CheckpointWriteError, ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,6 @@ class Stateful(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
-
-
-class CheckpointWriteError(Exception):
-    """A checkpoint could not be written (no space, a quota, a read-only mount); the previous ones are intact."""
 
 
 def older(path: Path, age: int) -> Path:

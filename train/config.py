@@ -14,6 +14,8 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from train.errors import ConfigError
+
 SAMPLERS = ("auto", "random", "sequential", "weighted", "distributed")
 MP_CONTEXTS = (None, "fork", "spawn", "forkserver")
 
@@ -41,16 +43,6 @@ RENAMED_OPTIONS = {"augment/seed": "augment=crop_flip"}
 
 # `_target_` specs (conf/<group>/)
 SWAPPABLE_GROUPS = ("task", "dataset", "model", "optimizer", "scheduler", "augment")
-
-
-class ConfigError(ValueError):
-    """A bad setting: the message names the key and the fix."""
-
-
-def first_line(err: BaseException, limit: int = 300) -> str:
-    """An error's first line (its type's name when it has no text): how a one-line message quotes its cause."""
-    text = str(err).strip()
-    return text.splitlines()[0][:limit] if text else type(err).__name__
 
 
 @dataclass

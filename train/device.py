@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from train.config import ConfigError
 from train.dist import DistEnv
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

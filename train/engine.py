@@ -29,7 +29,7 @@ from train.epoch_batches import EpochBatches, batches_per_epoch
 from train.metrics import EpochMeter, SourceTally, append_jsonl, epoch_line, reduce_over_ranks
 from train.micro_batch import said_in_one_line
 from train.monitoring import Monitor
-from train.nonfinite import Diverged
+from train.errors import Diverged
 from train.profiling import StepProfiler
 from train.progress import Plan, Progress
 from train.step import TrainStep

@@ -16,25 +16,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from train import no_retry, resume_run
-from train.checkpoint import CheckpointWriteError
-from train.config import ConfigError, drop_worker_knobs, validate
+from train.config import drop_worker_knobs, validate
 from train.credentials import mask_credentials_in_files, mask_credentials_in_logs, without_credentials
 from train.data.loader import LoaderError
 from train.dist import DistEnv
-from train.micro_batch import OutOfMemory, is_out_of_memory
-from train.nonfinite import Diverged
-from train.peers import Heartbeat, LostPeer, collective_error, is_collective_failure
+from train.errors import CONFIG_EXIT, RESUMABLE_EXIT, Failure, LostPeer, OutOfDeviceMemory
+from train.micro_batch import is_out_of_memory
+from train.peers import Heartbeat, collective_error, is_collective_failure
 from train.run_record import shown_path, where_it_wrote, write_plan
-from train.stop import (
-    CHECKPOINT_WRITE_EXIT,
-    CONFIG_EXIT,
-    DIVERGED_EXIT,
-    LOST_PEER_EXIT,
-    OUT_OF_MEMORY_EXIT,
-    RESUMABLE_EXIT,
-    Stopped,
-    StopSignal,
-)
+from train.stop import Stopped, StopSignal
 
 log = logging.getLogger("train")
 
@@ -149,28 +139,26 @@ def main(cfg: DictConfig) -> None:
             as_given = copy.deepcopy(cfg)  # run() settles some keys (worker knobs); a retry is judged as typed
             no_retry.check(run_dir, as_given)
             run(cfg, run_dir, stop)
-    except (ConfigError, LoaderError) as err:
-        fail(err, CONFIG_EXIT)
-    except no_retry.RetryRefused as err:
-        fail(err, err.status)
-    except (OutOfMemory, RuntimeError) as err:
-        if not isinstance(err, OutOfMemory) and not is_out_of_memory(err):
-            raise
-        if not isinstance(err, OutOfMemory):  # outside the loop (building the model): torch's first line
-            err = f"out of memory: {str(err).splitlines()[0]}; lower data.batch_size or the model's size"
-        no_retry.note(run_dir, as_given, OUT_OF_MEMORY_EXIT, str(err))
-        fail(err, OUT_OF_MEMORY_EXIT)
-    except Diverged as err:
-        no_retry.note(run_dir, as_given, DIVERGED_EXIT, str(err))
-        fail(err, DIVERGED_EXIT)
-    except CheckpointWriteError as err:
-        fail(err, CHECKPOINT_WRITE_EXIT)
-    except LostPeer as err:
-        fail(err, LOST_PEER_EXIT)
     except Stopped as stopped:
         if DistEnv.from_env().is_main:
             log.warning("%s; continue with: %s", stopped, continue_command(run_dir))
         sys.exit(RESUMABLE_EXIT)
+    except LoaderError as err:
+        fail(err, CONFIG_EXIT)
+    except RuntimeError as err:  # out of memory outside the loop (building the model): torch's first line
+        if not is_out_of_memory(err):
+            raise
+        failed(OutOfDeviceMemory(f"out of memory: {str(err).splitlines()[0]}; lower data.batch_size or the model's "
+                                 "size"), run_dir, as_given)
+    except Failure as err:
+        failed(err, run_dir, as_given)
+
+
+def failed(err: Failure, run_dir: Path, as_given: DictConfig) -> None:
+    """A failure's one line and exit status; one the same config would repeat leaves its note for a retry."""
+    if err.repeats:
+        no_retry.note(run_dir, as_given, err.status, str(err))
+    fail(err, err.status)
 
 
 def fail(err, status: int) -> None:

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 import torch
 
+from train.errors import OutOfDeviceMemory
+
 log = logging.getLogger(__name__)
 
 OUT_OF_MEMORY_TEXTS = ("CUDA out of memory", "CUDA error: out of memory", "CUDNN_STATUS_ALLOC_FAILED",
@@ -25,7 +27,7 @@ def is_out_of_memory(err: BaseException) -> bool:
         isinstance(err, RuntimeError) and any(text in str(err) for text in OUT_OF_MEMORY_TEXTS))
 
 
-class OutOfMemory(Exception):
+class OutOfMemory(OutOfDeviceMemory):
     """The run ran out of device memory and could not go on: in a step with no smaller micro-batch or mid gradient
     sync, or `during` another stage (evaluation, a batch's way onto the device), where micro-batches do not shrink."""
 

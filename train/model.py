@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from train.build import fitted_spec, instantiate, require_extra
 from train.checkpoint import read_weights_only
-from train.config import ConfigError
+from train.errors import ConfigError
 
 
 def torchvision_model(name: str, num_classes: int) -> torch.nn.Module:

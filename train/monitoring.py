@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from train.config import ConfigError
 from train.dist import DistEnv
+from train.errors import ConfigError
 from train.memory import MemorySampler
 from train.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY, EpochMeter, memory_figures
 from train.trackers import FINISHED, Trackers

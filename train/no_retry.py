@@ -13,18 +13,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from train.checkpoint import write_atomic
+from train.errors import RetryRefused
 
 NOTE = "no_retry.json"
 IGNORED = ("trainer.resume",)  # set differently by a retry (train.sbatch adds trainer.resume=auto)
-
-
-class RetryRefused(Exception):
-    """The same config failed in this run dir already, in a way it would fail again."""
-
-    def __init__(self, status: int, message: str, path: Path):
-        self.status = status
-        super().__init__(f"{message} (a retry of the same config, refused; {path} says so: change the config to "
-                         "try again)")
 
 
 def fingerprint(cfg) -> str:

@@ -7,11 +7,6 @@ import torch
 SCALE_FLOOR = 1.0  # fp16: a loss scale shrunk below this means the gradients overflow unscaled: divergence
 
 
-class Diverged(Exception):
-    """Training produced non-finite losses (or fp16's loss scale collapsed); the checkpoints keep the last finite
-    state."""
-
-
 class NonFiniteWatch:
     """Whether every loss since the start was finite, known on the host without waiting for the device: each
     `poll` starts a copy of the device flag to the host and returns the answer of an earlier copy once it has landed

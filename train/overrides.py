@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 from train.cli_help import CONF, options
-from train.config import RENAMED, RENAMED_OPTIONS, SWAPPABLE_GROUPS, ConfigError, LoadoutConfig, register
+from train.config import RENAMED, RENAMED_OPTIONS, SWAPPABLE_GROUPS, LoadoutConfig, register
+from train.errors import ConfigError
 
 # How a schema type reads in an error: `data.batch_size=abc: takes an integer`.
 TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}

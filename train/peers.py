@@ -16,8 +16,8 @@ from datetime import timedelta
 
 import torch.distributed as torch_dist
 
-from train.config import first_line
 from train.dist import DistEnv
+from train.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,6 @@ GLOO_FAILURES = ("Timed out waiting", "Connection closed by peer", "Connection r
 def cut_off() -> str:
     where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     return f"contact with torchrun's store at {where} too: this node ({socket.gethostname()}) is cut off"
-
-
-class LostPeer(Exception):
-    """A collective failed; the message names the ranks that stopped beating."""
 
 
 class Heartbeat:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

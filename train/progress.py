@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 
 class Record:

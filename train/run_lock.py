@@ -16,7 +16,7 @@ import socket
 import time
 from pathlib import Path
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,9 @@ from train.compiled import CompiledModel
 from train.config import TrainerConfig
 from train.data.batch import Batch
 from train.dist import DistEnv, all_reduce_max, all_reduce_sum
+from train.errors import Diverged
 from train.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory
-from train.nonfinite import SCALE_FLOOR, Diverged, NonFiniteWatch
+from train.nonfinite import SCALE_FLOOR, NonFiniteWatch
 from train.task import Classification, Task, build_task
 
 log = logging.getLogger(__name__)

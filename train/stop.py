@@ -19,12 +19,6 @@ import torch.distributed as torch_dist
 from train.dist import any_rank, control_group
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-RESUMABLE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped cleanly, resume to continue
-CONFIG_EXIT = 2  # bad input: one line naming the key and the fix
-OUT_OF_MEMORY_EXIT = 3  # out of device memory: the same command would run out again (train/no_retry.py)
-DIVERGED_EXIT = 4  # a non-finite loss: the same command would diverge again (train/no_retry.py)
-LOST_PEER_EXIT = 69  # EX_UNAVAILABLE: a collective failed (a node or link lost); torchrun's restart resumes
-CHECKPOINT_WRITE_EXIT = 74  # EX_IOERR: a checkpoint could not be written; make room, then resume
 
 
 class Stopped(Exception):

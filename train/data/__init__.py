@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from train.build import fitted_spec, instantiate
-from train.config import ConfigError
 from train.data.activity import ActivityBoard
 from train.data.augment import Recipe
 from train.data.batch import Batch
@@ -33,6 +32,7 @@ from train.data.stateful import shutdown_workers
 from train.data.stream import TrainStream, build_train_stream
 from train.data.transforms import resize_size
 from train.dist import DistEnv
+from train.errors import ConfigError
 from train.task import Classification, Task, build_task
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 from torchvision.transforms import v2
 
-from train.config import ConfigError
 from train.data.seeds import BATCH_MIX, mixed_seed
 from train.data.transforms import DirectCompose, build_val_transform, resize_steps, to_float_steps
+from train.errors import ConfigError
 
 AUTO_AUGMENT = {"trivial": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
 

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from train.config import ConfigError, first_line
 from train.data.decode import JPEG_MAGIC, UNREADABLE, decode_image_file
 from train.data.geometry import BoxPlan
 from train.data.plan import LoaderPlan
 from train.data.source import Offers
+from train.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 EMPTY_IMAGES = torch.empty(0, dtype=torch.uint8)  # an encoded batch's images, until the device decodes them

@@ -18,7 +18,6 @@ from torch.utils.data import (
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from train.config import ConfigError
 from train.data.fetch_ahead import FetchAhead
 from train.data.plan import LoaderPlan
 from train.data.ring import build_collate
@@ -27,6 +26,7 @@ from train.data.shard_order import shard_window
 from train.data.shm import shm_fix
 from train.data.stateful import stateful_loader
 from train.dist import DistEnv
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -30,12 +30,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from train.build import instantiate
-from train.config import ConfigError, first_line
 from train.data.decode import UNREADABLE
 from train.data.seeds import MIX, mixed_seed
 from train.data.shard_order import shard_window
 from train.data.shard_store import ShardError
 from train.data.source import Source, as_uint8_tensor, sample_name
+from train.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 IMAGES, TARGETS, META = "images.npy", "targets.npy", "meta.json"
 

@@ -27,11 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from train.config import ConfigError
 from train.data.decode import decode_image_file
 from train.data.parquet_rows import Layout, check_labels, image_of
 from train.data.shard_store import ShardError, ShardStore, is_remote
 from train.data.shards import SamplePaths
+from train.errors import ConfigError
 
 SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid", "test")}
 WHOLE_FILE_BYTES = 64 << 20  # a larger remote file is read by row group in place, never fetched whole

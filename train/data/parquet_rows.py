@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 IMAGE_TYPES = "an Image feature: a struct of `bytes` and `path`, binary, or string paths typed Image in the features"
 

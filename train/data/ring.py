@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from train.config import ConfigError
 from train.data.batch import (
     Batch,
     batch_view,
@@ -41,6 +40,7 @@ from train.data.batch import (
 from train.data.encoded import EMPTY_IMAGES, Encoded, EncodedSample
 from train.data.plan import LoaderPlan
 from train.data.shm import SHM_PATH, shm_fix
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from train.config import ConfigError
 from train.data.geometry import flip_threshold
 from train.data.masks import IGNORE_INDEX, resize_exact
 from train.data.transforms import RANDOM_APPLY_FORWARD, DirectCompose, resize_size, to_float_steps
+from train.errors import ConfigError
 
 EXACT = F.InterpolationMode.NEAREST_EXACT
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import fsspec
 
-from train.config import ConfigError, first_line
+from train.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ import fsspec
 import numpy as np
 import torch
 
-from train.config import ConfigError, first_line
 from train.data.decode import decode_image_file
 from train.data.shard_order import LabelSpread, label_spread, spread_of_labels
 from train.data.shard_store import ShardError, ShardStore, is_remote
+from train.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 
 @runtime_checkable

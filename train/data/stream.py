@@ -28,7 +28,6 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from train.config import ConfigError
 from train.data.batch import Batch
 from train.data.loader import build_sampler, rank_sampler
 from train.data.plan import LoaderPlan
@@ -37,6 +36,7 @@ from train.data.ring import build_collate
 from train.data.seeds import loader_seed
 from train.data.stateful import forget_loaded_state, stateful_loader
 from train.dist import DistEnv, all_gather
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from train.config import ConfigError
 from train.data.decode import UNREADABLE, decode_image_file
 from train.data.masks import decode_mask
+from train.errors import ConfigError
 
 VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
                "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",

@@ -14,7 +14,7 @@ def build_task(cfg) -> Task:
     """The task of a composed config (`task._target_`; Classification where the config has no task section), its
     figures added to the metric vocabulary (train/metrics.py) before any sink reads it."""
     from train.build import instantiate
-    from train.config import ConfigError
+    from train.errors import ConfigError
     from train.metrics import use_task_figures
 
     spec = OmegaConf.select(cfg, "task", default=None)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 
 class Task:

@@ -20,8 +20,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from train.config import ConfigError, first_line
 from train.credentials import without_credentials
+from train.errors import ConfigError, first_line
 from train.metrics import EPOCH
 from train.trackers.delivery import Delivery
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 
-from train.config import first_line
+from train.errors import first_line
 
 log = logging.getLogger(__name__)
 

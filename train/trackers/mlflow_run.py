@@ -15,8 +15,8 @@ import urllib.request
 from pathlib import Path
 
 from train.build import require_extra
-from train.config import ConfigError, first_line
 from train.credentials import without_credentials
+from train.errors import ConfigError, first_line
 from train.trackers import FAILED, FINISHED, Tracker
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from train.build import require_extra
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.trackers import FINISHED, STOPPED, Tracker
 
 KEYLESS_MODES = ("offline", "disabled", "dryrun")  # modes that never reach a server

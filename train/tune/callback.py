@@ -16,7 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.tune.config import check_sweep
 from train.tune.measure import progress_bar
 from train.tune.profile import pick_best, profile_text, write_profile

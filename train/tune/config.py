@@ -16,8 +16,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from train.config import ConfigError, _fail, drop_worker_knobs, register, validate
+from train.config import _fail, drop_worker_knobs, register, validate
 from train.data.plan import usable_cores
+from train.errors import ConfigError
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "conf" / "hardware" / "local.yaml"
 
