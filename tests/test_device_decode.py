@@ -43,7 +43,7 @@ def epoch(cfg, epoch_index: int = 0, limit: int | None = None) -> tuple[list, li
         train = [(b.images.clone(), b.targets.clone(), b.bad, b.decode_fallbacks)
                  for b in itertools.islice(data.train, limit)]
         val = [b.images.clone() for b in data.val]
-        return train, val, data.train.loader.collate_fn
+        return train, val, data.train.loader.collate_fn.collate
 
 
 def tag_orientation(path: Path, orientation: int) -> None:

@@ -23,13 +23,15 @@ from train.console import Console
 from train.data import DataPipeline
 from train.data.augment import Recipe
 from train.data.batch import Batch
+from train.data.stages import since
 from train.data.stream import LoaderPositions
 from train.dist import DistEnv, any_rank, barrier
+from train.doctor import Doctor, Machine
 from train.epoch_batches import EpochBatches, batches_per_epoch
+from train.errors import Diverged
 from train.metrics import EpochMeter, SourceTally, append_jsonl, epoch_line, reduce_over_ranks
 from train.micro_batch import said_in_one_line
 from train.monitoring import Monitor
-from train.errors import Diverged
 from train.profiling import StepProfiler
 from train.progress import Plan, Progress
 from train.step import TrainStep
@@ -47,8 +49,11 @@ class Trainer:
 
     def __init__(self, tc: TrainerConfig, env: DistEnv, device: torch.device, data: DataPipeline, step: TrainStep,
                  plan: Plan, run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
-                 callbacks: Sequence = (), model_name: str = "the model"):
+                 callbacks: Sequence = (), model_name: str = "the model", doctor: Doctor | None = None):
         self.tc, self.env, self.device, self.data, self.run_dir = tc, env, device, data, run_dir
+        # where each epoch's time went and what bound it (train/doctor.py)
+        self.doctor = doctor or Doctor(Machine(device.type, num_workers=data.plan.num_workers,
+                                               pin_memory=data.plan.pin_memory, image_size=data.plan.image_size))
         self.step, self.plan, self.model_name = step, plan, model_name
         self.monitor = monitor or Monitor()  # trackers / Prometheus; closed by whoever built it
         self.memory = self.monitor.sampler.start(MEMORY_INTERVAL_S)  # each epoch's peak PSS, off the step loop
@@ -82,7 +87,8 @@ class Trainer:
                                      task.batch_mix(recipe, data.source, tc.seed), task=task)
         name = OmegaConf.select(cfg, "model.name", default=None)
         return cls(tc, env, device, data, step, plan, run_dir, monitor, stop, callbacks,
-                   model_name=f"model.name={name}" if name else f"model._target_={cfg.model._target_}")
+                   model_name=f"model.name={name}" if name else f"model._target_={cfg.model._target_}",
+                   doctor=Doctor(Machine.of(cfg.data, data.plan, data.source, device)))
 
     def _call(self, hook: str, *args) -> None:
         for callback in self.callbacks:
@@ -238,6 +244,8 @@ class Trainer:
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
         # remaining == 0: resumed from a checkpoint taken after the epoch's last batch, before its validation
         batches = self.batches.train(self.progress.batch_in_epoch) if remaining > 0 else ()  # no loader started
+        clocks = getattr(self.data.train, "stages", None)
+        before = clocks.snapshot() if clocks is not None else None
         shown = self.plan.batches_left(self.progress, self.batches.per_epoch, tc.grad_accum_steps, tc.max_steps)
         for batch in self._batches(batches, meter, desc, shown):  # the bar counts to max_steps where it comes first
             self.progress.batch_in_epoch += 1
@@ -266,7 +274,10 @@ class Trainer:
         self.step.drop_partial()
         skipped = self.step.skipped - skipped_before
         self.settle()  # the last step's question, answered before the epoch's collectives
-        return {**reduce_over_ranks(meter.summary(), self.env, self.device), "skipped_steps": skipped}
+        summary = meter.summary()
+        stages = since(clocks.snapshot(), before) if clocks is not None and not self.tc.overfit_batches else None
+        explained = self.doctor.examine(stages, summary, log_it=self.env.is_main)  # this rank's, before the reduce
+        return {**reduce_over_ranks(summary, self.env, self.device), **explained, "skipped_steps": skipped}
 
     def source_tally(self) -> SourceTally | None:
         """dataset=mix: the samples each source gives this epoch (overfit replays the first epoch's batches)."""

@@ -85,6 +85,15 @@ EPOCH = _table(
     Metric("skipped_steps", "Optimizer steps skipped (non-finite gradients)", shown="skipped_steps {}",
            shown_when_zero=False),
     Metric("images", "Training images in the epoch, all ranks"),
+    # where a sample's time went (train/doctor.py; this rank's): each stage's share of a sample's time
+    *(Metric(f"{stage}_share", f"Share of a sample's time in {doc} (rank 0)", f"loadout_stage_{stage}_ratio")
+      for stage, doc in (("read", "reading or fetching it"), ("decode", "decoding"),
+                         ("augment", "the per-sample augmentation"), ("collate", "the workers' collate"),
+                         ("handoff", "the main process receiving its batch"),
+                         ("copy", "the host-to-device copy"), ("wait", "the loop's wait for data"),
+                         ("compute", "the loop's step"))),
+    Metric("bound", "What bounded the epoch's pace (train/doctor.py): compute, keeps up, read/fetch, decode, "
+           "augment, hand-off or copy", shown="bound {}"),
     Metric("source_samples", "dataset=mix: the training samples each source gave in the epoch, all ranks "
            "({name: count})"),
     Metric("epoch_complete", "False when trainer.max_steps cut the epoch short"),

@@ -24,6 +24,7 @@ from train.data.ring import build_collate
 from train.data.seeds import SAMPLER, loader_seed, mixed_seed
 from train.data.shard_order import shard_window
 from train.data.shm import shm_fix
+from train.data.stages import StageBoard, TimedCollate
 from train.data.stateful import stateful_loader
 from train.dist import DistEnv
 from train.errors import ConfigError
@@ -176,7 +177,7 @@ def build_val_loader(samples: Dataset, plan: LoaderPlan, data, env: DistEnv, see
     """The evaluation loader: every validation sample once, in order (each rank its own contiguous shard)."""
     kwargs = plan.loader_kwargs(data)
     return stateful_loader(samples, batch_size=plan.batch_size, sampler=build_sampler(samples, data, env, False, seed),
-                           collate_fn=build_collate(plan), drop_last=False,
+                           collate_fn=TimedCollate(build_collate(plan), StageBoard(plan.num_workers)), drop_last=False,
                            generator=torch.Generator().manual_seed(loader_seed(seed, env.rank)), **kwargs)
 
 

@@ -10,12 +10,14 @@ timm's PrefetchLoader, and like it applied alike to the training and the validat
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 
 import torch
 
 from train.data.batch import Batch
+from train.data.stages import COPY, MainStages
 from train.data.transforms import DeviceNormalize
 from train.data.workers import one_torch_thread
 
@@ -37,6 +39,7 @@ class DevicePrefetcher:
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.non_blocking = non_blocking and device.type == "cuda"
         self.normalizer = DeviceNormalize(device) if normalize else None
+        self.stages: MainStages | None = None  # set by the TrainStream: the copy's time goes there (stages.py)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -66,15 +69,25 @@ class DevicePrefetcher:
     def __iter__(self) -> Iterator[Batch]:
         if self.device.type != "cuda":
             for batch in self.loader:
+                start = time.perf_counter_ns()
                 with one_torch_thread() if self.one_thread else nullcontext():
                     ready = self._to_device(batch)
+                if self.stages is not None:
+                    self.stages.add(COPY, time.perf_counter_ns() - start)
                 yield ready  # outside the one-thread block: the loop's model runs on all its threads
             return
         stream = torch.cuda.Stream(device=self.device)
         pending = None
         for batch in self.loader:
             with torch.cuda.stream(stream):
+                timed = self.stages is not None
+                if timed:
+                    began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    began.record(stream)
                 ready = self._to_device(batch)
+                if timed:
+                    ended.record(stream)
+                    self.stages.add_events(began, ended)
             if pending is not None:
                 yield pending
             torch.cuda.current_stream(self.device).wait_stream(stream)

@@ -43,6 +43,7 @@ from train.data.masks import as_mask, check_mask_size
 from train.data.seeds import sample_seeds
 from train.data.shard_store import ShardError
 from train.data.source import Offers, Source, as_uint8_tensor, sample_name
+from train.data.stages import AUGMENT, CLOCK, DECODE, READ
 from train.data.transforms import CropFlipPlan, ResizedCropFirst
 from train.data.workers import one_torch_thread
 
@@ -138,19 +139,26 @@ class Samples(Dataset):
         torch.default_generator.manual_seed(seed)  # the CPU generator only: torch.manual_seed queues a CUDA reseed
         if slot is not None:
             self.board.note(slot, index)
+        CLOCK.start()  # stages.py: where this sample's time goes
         try:
             if self.encoded is not None:  # data.decode=device: the file and its box, decoded on the device
                 return (*self._encoded(index), index)
             if self.crop_first is not None:  # the crop decoded alone, then the rest of the pipeline
                 image, label = self._crop(index)
-                return self.crop_first.finish(image), int(label), index
+                CLOCK.lap(DECODE)
+                image = self.crop_first.finish(image)
+                CLOCK.lap(AUGMENT)
+                return image, int(label), index
             image, target = self._load(index) if self.cache is None else self.cache.fetch(index, self._load)
+            CLOCK.split(READ, DECODE)  # one source call reads and decodes: its CPU time is the decode
         except UNREADABLE as err:
             return self._bad(index, err)
         finally:
             if slot is not None:
                 self.board.clear(slot)
-        return (*self._transformed(image, target), index)
+        image, target = self._transformed(image, target)
+        CLOCK.lap(AUGMENT)
+        return image, target, index
 
     def _transformed(self, image: torch.Tensor, target) -> tuple[torch.Tensor, torch.Tensor | int]:
         """The transform of an image and its label, or of an image and its mask together (one geometric draw)."""
@@ -163,6 +171,7 @@ class Samples(Dataset):
         """The encoded file with the box the transform would draw on the image the CPU path decodes (as stored: the
         EXIF orientation rides along for the device decoder to undo), and its label."""
         data, label = self.source.read_encoded(index)
+        CLOCK.lap(READ)
         box = self.encoded.draw(image_size(data), getattr(self.source, "min_side", None), exif_orientation(data))
         return EncodedSample(data, box), int(label)
 
@@ -170,6 +179,7 @@ class Samples(Dataset):
         """The RandomResizedCrop of a sample, its box drawn on the size the source decodes at (DCT-scaled), mapped
         to the stored image, decoded at the scale that box needs."""
         data, label = self.source.read_encoded(index)
+        CLOCK.lap(READ)
         (height, width), decoded = decoded_size(data, self.source.min_side)
         top, left, box_h, box_w = self.crop_first.box(decoded)
         ratio_h, ratio_w = height / decoded[0], width / decoded[1]
@@ -191,8 +201,10 @@ class Samples(Dataset):
         tops, lefts, flips = plan.draws(seeds, size, size)
         if slot is not None:
             self.board.note(slot, int(indices[0]))
+        CLOCK.start()
         try:
             images = self.source.read_crops(indices, tops, lefts, plan.height, plan.width, flips)
+            CLOCK.split(READ, AUGMENT)  # stored pixels: waiting is the read, the CPU crops and flips
         except UNREADABLE:
             return None
         finally:

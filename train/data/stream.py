@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -34,6 +35,7 @@ from train.data.plan import LoaderPlan
 from train.data.reshard import RankSampler, deal, install, untrained
 from train.data.ring import build_collate
 from train.data.seeds import loader_seed
+from train.data.stages import HANDOFF, MainStages, StageTimes, TimedCollate
 from train.data.stateful import forget_loaded_state, stateful_loader
 from train.dist import DistEnv, all_gather
 from train.errors import ConfigError
@@ -41,12 +43,22 @@ from train.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def _with_position(loader: StatefulDataLoader, stateful: bool) -> Iterator[Batch]:
-    """The loader's batches, each with the loader's state as of that batch (the workers' prefetch excluded).
+def _with_position(loader: StatefulDataLoader, stateful: bool, main: MainStages | None = None) -> Iterator[Batch]:
+    """The loader's batches, each with the loader's state as of that batch (the workers' prefetch excluded); with
+    workers, the main thread's CPU time receiving each is `main`'s hand-off (waiting for a worker costs none).
 
     A function of the loader, not a TrainStream method: the stream holds this generator, which must not hold the
     stream back (a reference cycle leaves the workers to the garbage collector, see `shutdown_workers`)."""
-    for batch in loader:
+    iterator = iter(loader)
+    timed = main is not None and loader.num_workers > 0
+    while True:
+        cpu = time.thread_time_ns() if timed else 0
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        if timed:
+            main.add(HANDOFF, time.thread_time_ns() - cpu)
         batch.position = loader.state_dict() if stateful else None
         yield batch
 
@@ -108,8 +120,9 @@ class TrainStream:
     """
 
     def __init__(self, loader: StatefulDataLoader, batches: EpochBatchSampler,
-                 to_device: Callable[[Iterable], Iterable]):
+                 to_device: Callable[[Iterable], Iterable], stages: StageTimes | None = None):
         self.loader, self.batches, self.to_device = loader, batches, to_device
+        self.stages = stages  # the per-stage clocks (stages.py); None: not timed
         self.epoch = self.batch = 0
         self.loader_state: dict | None = None  # loader.state_dict() as of the last batch yielded
         # With in_order=false, batches leave in completion order and torchdata keeps no exact state (it warns on
@@ -166,7 +179,11 @@ class TrainStream:
             return
         if self._iter is None:
             self.batches.start_epoch, self.batches.start_batch = self.epoch, self.batch
-            self._iter = iter(self.to_device(_with_position(self.loader, self.stateful)))
+            main = self.stages.main if self.stages is not None else None
+            on_device = self.to_device(_with_position(self.loader, self.stateful, main))
+            if main is not None and hasattr(on_device, "stages"):  # a DevicePrefetcher times the copy
+                on_device.stages = main
+            self._iter = iter(on_device)
         while self.epoch == epoch:
             try:
                 batch = next(self._iter)
@@ -186,10 +203,11 @@ def build_train_stream(samples: Dataset, plan: LoaderPlan, data, env: DistEnv, *
     handing `samples` (samples.Samples) its keys `(epoch, index)`."""
     sampler = build_sampler(samples, data, env, train=True, seed=seed)
     batches = EpochBatchSampler(sampler, plan.batch_size, data.drop_last, epochs)
-    loader = stateful_loader(samples, batch_sampler=batches, collate_fn=build_collate(plan),
+    stages = StageTimes.for_workers(plan.num_workers)
+    loader = stateful_loader(samples, batch_sampler=batches, collate_fn=TimedCollate(build_collate(plan), stages.board),
                              generator=torch.Generator().manual_seed(loader_seed(seed, env.rank)),
                              **plan.loader_kwargs(data))
-    stream = TrainStream(loader, batches, to_device)
+    stream = TrainStream(loader, batches, to_device, stages)
     stream.rank_sampler = rank_sampler(samples, data, env, seed)
     return stream
 
