@@ -64,6 +64,8 @@ def longer(shards: Path, out: Path) -> Path:
             lengths.append(length)
     shutil.copytree(shards / "val", out / "val")
     info["splits"]["train"] = {**train, "filenames": names, "shard_lengths": lengths, "num_samples": sum(lengths)}
+    if "labels_per_shard" in train:
+        info["splits"]["train"]["labels_per_shard"] = train["labels_per_shard"] * COPIES
     (out / "_info.json").write_text(json.dumps(info))
     return out
 

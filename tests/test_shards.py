@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -89,6 +90,54 @@ def test_shards_hold_the_folder_samples_map_style(shards, tiny_dataset, tmp_path
     assert again.returncode == 0
     assert (tmp_path / "again" / "train" / "shard-000003.tar").read_bytes() == \
         (shards / "train" / "shard-000003.tar").read_bytes(), "deterministic: the same input, the same bytes"
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
+def test_the_index_built_as_bytes_arrive_is_tarfiles_in_any_chunking_and_cut_anywhere(tar_format, tmp_path):
+    """Long and non-ASCII names (pax records, GNU long names), folders, `.cls` and `.json` labels: the one-pass index
+    (fed in chunks of any size, or from the mapped file) holds what tarfile says, also for a shard cut short."""
+    import io
+    import json
+
+    from train.data.tar_index import TarIndexer, index_file
+
+    path = tmp_path / "shard.tar"
+    with tarfile.open(path, "w", format=tar_format) as tar:
+        for i in range(12):
+            key = f"part{i % 3}/{'long' * 30 if i % 4 == 0 else ''}s{i:03d}{'é' if i % 5 == 0 else ''}"
+            label = str(i % 7).encode() if i % 2 else json.dumps({"label": i % 7}).encode()
+            for name, payload in ((f"{key}.jpg", bytes([i]) * (700 * i)), (f"{key}.{'cls' if i % 2 else 'json'}",
+                                                                         label)):
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+            if i == 5:  # not a file: no sample
+                folder = tarfile.TarInfo("part1/a-folder")
+                folder.type = tarfile.DIRTYPE
+                tar.addfile(folder)
+    data = path.read_bytes()
+    for cut in (len(data), len(data) * 2 // 3, len(data) // 3 + 700):
+        (tmp_path / "cut.tar").write_bytes(data[:cut])
+        with tarfile.open(tmp_path / "cut.tar") as tar:
+            try:
+                expected = {m.name: (m.offset_data, m.size) for m in tar if m.offset_data + m.size <= cut}
+            except tarfile.ReadError:  # tarfile's own "unexpected end of data": what it listed stands
+                expected = {m.name: (m.offset_data, m.size) for m in tar.members if m.offset_data + m.size <= cut}
+        images = {name.rsplit(".", 1)[0].encode(): where for name, where in expected.items() if name.endswith(".jpg")
+                  and any(other.startswith(name[:-3]) and other[-3:] in ("cls", "son") for other in expected)}
+        for chunk in (1, 511, 4096, cut):
+            indexer = TarIndexer("shard.tar")
+            for start in range(0, cut, chunk):
+                indexer.feed(data[start:min(start + chunk, cut)])
+            index = indexer.finish()
+            assert dict(zip(index["keys"].tolist(), zip(index["offsets"].tolist(), index["sizes"].tolist(),
+                                                        strict=True), strict=True)) == images, (cut, chunk)
+            assert index["labels"].tolist() == [int(k.decode().rsplit("s", 1)[1][:3]) % 7 for k in index["keys"]]
+        assert {k: v.tolist() for k, v in index_file(tmp_path / "cut.tar").items()} == \
+            {k: v.tolist() for k, v in index.items()}
+    (tmp_path / "not.tar").write_bytes(b"not a tar file at all" * 100)
+    with pytest.raises(tarfile.ReadError):
+        index_file(tmp_path / "not.tar")
 
 
 def test_webdataset_shardwriter_shards_read_as_they_are(tiny_dataset, tmp_path):

@@ -25,10 +25,12 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import fsspec
 
+from train.data.shard_download import download
 from train.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,9 @@ class ShardStore:
         digest = hashlib.sha1(url.encode()).hexdigest()[:16]
         return self.cache_dir / f"{digest}-{Path(url.split('?')[0]).name}{suffix}"
 
-    def local(self, url: str) -> Path:
+    def local(self, url: str, reader: Callable[[], Callable[[memoryview], None]] | None = None) -> Path:
+        """`reader`: where this call downloads the shard, `reader()` is called as each try starts and the function it
+        returns is fed the shard's bytes as they arrive (the tar index, built with no second pass)."""
         if not is_remote(url):
             return Path(url.removeprefix("file://"))
         known = self._known.get(url)
@@ -100,7 +104,7 @@ class ShardStore:
             if not path.exists():
                 if waited:  # that download failed after its tries (or 404, or 403): not tried again by every waiter
                     raise ShardError(f"shard {url} skipped: another process's download of it just failed", url)
-                self._download(url, path)
+                self._download(url, path, reader)
                 self.evict(keep=path)
         self._known[url] = path
         return path
@@ -114,13 +118,12 @@ class ShardStore:
         fs, remote = self._filesystem(url)
         return fs.open(remote, "rb")
 
-    def _download(self, url: str, path: Path) -> None:
+    def _download(self, url: str, path: Path, reader) -> None:
         partial = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.part")
         for attempt in range(1, RETRIES + 1):
             try:
-                fs, remote = self._filesystem(url)
-                fs.get_file(remote, str(partial))  # one GET (s3fs: parts in parallel for a large shard)
-                with open(partial, "rb+") as out:
+                with open(partial, "wb", buffering=0) as out:
+                    download(url, out, self.attempt_timeout, reader() if reader else None, self._filesystem)
                     os.fsync(out.fileno())
                 partial.replace(path)  # whole, or not there at all
                 return

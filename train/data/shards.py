@@ -1,11 +1,11 @@
 """dataset=shards: WebDataset tar shards, on a local disk, over HTTP or in an S3-compatible store, read map-style.
 
-Each shard gets an index of its members' offsets (as `wids` does), built from a local copy when the shard is first
-opened and cached beside the shard cache, so sample i is a seek and a read like any other source's: the sampler,
-per-sample seeding, the ring, data.decode=device and exact resume work unchanged. A sample is the members sharing a
-key (`dir/stem.ext`): its image (`.jpg`, `.jpeg`, `.png` or `.webp`) and its class (`.cls`, an integer, or `.json`
-with "label" or "cls"); other members are ignored. Shards written by the `webdataset` library's ShardWriter read as
-they are.
+Each shard gets an index of its members' offsets (as `wids` does), built in one pass as a remote shard's bytes
+arrive, or from a local shard's headers (tar_index.py), and cached beside the shard cache, so sample i is a seek and
+a read like any other source's: the sampler, per-sample seeding, the ring, data.decode=device and exact resume work
+unchanged. A sample is the members sharing a key (`dir/stem.ext`): its image (`.jpg`, `.jpeg`, `.png` or `.webp`)
+and its class (`.cls`, an integer, or `.json` with "label" or "cls"); other members are ignored.
+Shards written by the `webdataset` library's ShardWriter read as they are.
 
 Shards and classes come from `<root>/_info.json` (timm's convention, what scripts/make_shards.py writes:
 {"classes": [...], "splits": {"train": {"filenames": [...], "shard_lengths": [...]}, ...}}), else from a listing of
@@ -18,7 +18,6 @@ wrote it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tarfile
@@ -26,135 +25,20 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
 
-import fsspec
 import numpy as np
 import torch
 
 from train.data.decode import decode_image_file
+from train.data.shard_listing import check_present, list_shards
 from train.data.shard_order import LabelSpread, label_spread, spread_of_labels
 from train.data.shard_store import ShardError, ShardStore, is_remote
-from train.errors import ConfigError, first_line
+from train.data.tar_index import TarIndexer, index_file
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 INDEX_VERSION = 1
-
-
-class Listing(NamedTuple):
-    urls: list[str]
-    classes: list[str] | None
-    lengths: list[int] | None  # samples per shard, where _info.json says
-    distinct: list[int] | None = None  # distinct labels per shard, where _info.json says (make_shards.py)
-
-
-def list_shards(root: str, split: str) -> Listing:
-    """The shards of `split` under `root`; a store that cannot be reached (no server, no credentials) fails in one
-    line naming `root`, never a credential."""
-    try:
-        return _list_shards(root, split)
-    except ConfigError:
-        raise
-    except Exception as err:
-        raise ShardError(f"data.root={root}: cannot list its shards: {type(err).__name__}: {first_line(err)}") from err
-
-
-def _list_shards(root: str, split: str) -> Listing:
-    fs, path = fsspec.core.url_to_fs(root)
-    info = f"{path.rstrip('/')}/_info.json"
-    if fs.exists(info):
-        with fs.open(info) as f:
-            meta = json.load(f)
-        if split not in meta.get("splits", {}):
-            raise ConfigError(f"data.root={root}: _info.json has no split {split!r} (it has "
-                              f"{', '.join(meta.get('splits', {})) or 'none'})")
-        entry = meta["splits"][split]
-        classes = meta.get("classes") or ([str(i) for i in range(meta["num_classes"])] if "num_classes" in meta
-                                          else None)
-        return Listing([f"{root.rstrip('/')}/{name}" for name in entry["filenames"]], classes,
-                       entry.get("shard_lengths"), entry.get("labels_per_shard"))
-    if root.startswith(("http://", "https://")):
-        raise ConfigError(f"data.root={root}: no _info.json there; an HTTP server cannot be listed, so write one "
-                          "(scripts/make_shards.py does)")
-    found = sorted(fs.glob(f"{path.rstrip('/')}/{split}/*.tar"))
-    if not found:
-        raise ConfigError(f"data.root={root}: no shards at {root}/{split}/*.tar and no _info.json; make them with "
-                          "`python scripts/make_shards.py SRC OUT`")
-    return Listing([fs.unstrip_protocol(p) if is_remote(root) else p for p in found], None, None)
-
-
-def index_shard(path: os.PathLike) -> dict[str, np.ndarray]:
-    """The samples of one local tar shard, in member order: key, image offset and size, label."""
-    members: dict[str, dict[str, tuple[int, int]]] = {}
-    size = os.path.getsize(path)
-    with tarfile.open(path) as tar:
-        try:
-            for member in tar:
-                if member.isfile() and member.offset_data + member.size <= size:
-                    folder, _, name = member.name.rpartition("/")
-                    stem, _, ext = name.partition(".")
-                    members.setdefault(f"{folder}/{stem}" if folder else stem, {})[ext.lower()] = \
-                        (member.offset_data, member.size)
-        except tarfile.ReadError as err:  # a truncated shard: the samples before the cut are kept
-            log.warning("shard %s ends early (%s): indexing the %d samples before the cut", path, err, len(members))
-    keys, offsets, sizes, labels = [], [], [], []
-    with open(path, "rb") as f:
-        for key, parts in members.items():
-            image = next((parts[ext] for ext in IMAGE_EXTENSIONS if ext in parts), None)
-            label = _label(f, parts)
-            if image is None or label is None:
-                continue
-            keys.append(key)
-            offsets.append(image[0])
-            sizes.append(image[1])
-            labels.append(label)
-    return {"keys": np.array(keys, dtype=np.bytes_), "offsets": np.array(offsets, dtype=np.int64),
-            "sizes": np.array(sizes, dtype=np.int64), "labels": np.array(labels, dtype=np.int64)}
-
-
-def _label(f, parts: dict[str, tuple[int, int]]) -> int | None:
-    for ext in ("cls", "json"):
-        if ext in parts:
-            offset, size = parts[ext]
-            f.seek(offset)
-            text = f.read(size).decode()
-            if ext == "cls":
-                return int(text.strip())
-            value = json.loads(text)
-            value = value.get("label", value.get("cls")) if isinstance(value, dict) else value
-            return None if value is None else int(value)
-    return None
-
-
-def check_present(root: str, urls: list[str]) -> None:
-    """Every shard _info.json lists is there, before any worker starts: one listing per folder (a local disk, S3),
-    or a HEAD per shard, 16 at a time, over HTTP (which cannot be listed)."""
-    fs, _ = fsspec.core.url_to_fs(root)
-    try:
-        if root.startswith(("http://", "https://")):
-            def exists(url: str) -> bool:
-                try:
-                    return bool(fs.info(url))  # a HEAD (fsspec's `exists` GETs the file)
-                except FileNotFoundError:
-                    return False
-
-            with ThreadPoolExecutor(16) as pool:
-                present = dict(zip(urls, pool.map(exists, urls), strict=True))
-        else:
-            names: dict[str, set[str]] = {}
-            for folder in {url.rsplit("/", 1)[0] for url in urls}:
-                names[folder] = {path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(folder, detail=False)}
-            present = {url: url.rsplit("/", 1)[1] in names[url.rsplit("/", 1)[0]] for url in urls}
-    except FileNotFoundError:
-        present = {}
-    except Exception as err:
-        raise ShardError(f"data.root={root}: cannot list its shards: {type(err).__name__}") from err
-    missing = [url for url in urls if not present.get(url)]
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise ShardError(f"shard {missing[0]}{more} does not exist (listed in the _info.json of data.root)")
 
 
 class ShardSource:
@@ -237,7 +121,12 @@ class ShardSource:
                 if int(saved["version"]) == INDEX_VERSION and int(saved["stamp"]) == stamp:
                     return {key: saved[key] for key in ("keys", "offsets", "sizes", "labels")}
         try:
-            index = index_shard(self.store.local(url))
+            if local is not None:
+                index = index_file(local)
+            else:  # indexed as the bytes arrive, where this call downloads it
+                started: list[TarIndexer] = []
+                path = self.store.local(url, lambda: started.append(TarIndexer(url)) or started[-1].feed)
+                index = started[-1].finish() if started else index_file(path)
         except (tarfile.TarError, OSError) as err:
             if isinstance(err, ShardError):
                 raise
