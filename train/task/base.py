@@ -77,7 +77,10 @@ class Task:
         raise NotImplementedError
 
     def evaluation(self, sums: Sequence[float], samples: int) -> dict[str, float]:
-        """val_loss and the task's figures from `eval_sums` summed over every rank and batch."""
+        """val_loss and the task's figures from `eval_sums` summed over every rank and batch; zeros when no rank
+        had a readable validation sample (nothing was summed: every figure's count is 0)."""
+        if not sums:
+            return {"val_loss": 0.0, **{metric.key: 0.0 for metric in self.figures}}
         return {"val_loss": sums[0] / max(samples, 1), **self.figures_of(sums[1:], samples)}
 
     def better(self, value: float, best: float | None) -> bool:
