@@ -153,6 +153,17 @@ def all_reduce_max(value: float, device: torch.device) -> float:
     return tensor.item()
 
 
+def gather_rows(values: list[float], device: torch.device) -> torch.Tensor:
+    """Every rank's `values` as one row of a (world size, len(values)) float64 tensor on the host: one collective
+    for figures some of which are summed and some maximised."""
+    row = torch.tensor(values, dtype=torch.float64, device=device)
+    if not torch_dist.is_initialized():
+        return row.unsqueeze(0).cpu()
+    rows = [torch.empty_like(row) for _ in range(torch_dist.get_world_size())]
+    torch_dist.all_gather(rows, row)
+    return torch.stack(rows).cpu()
+
+
 def all_gather(obj) -> list:
     """Every rank's `obj`, by rank (`[obj]` for one process)."""
     if not torch_dist.is_initialized():
