@@ -99,3 +99,17 @@ def test_a_group_chosen_again_replays_none_of_the_runs_keys_inside_it(tmp_path):
         "- dataset._target_=csv_images.CsvImages\n- +dataset.csv=list.csv\n- trainer.epochs=2\n")
     assert replay(["dataset=csv", "trainer.resume=auto"], tmp_path) == [
         "trainer.epochs=2", "dataset=csv", "trainer.resume=auto", "hydra.output_subdir=null"]
+
+
+def test_a_run_from_before_the_task_group_resumes(run_dir):
+    """A run dir written before `task=` existed: no task in its config.yaml and `trainer.label_smoothing` among its
+    overrides. The resume replays the value under its new key and does not refuse the missing frozen task."""
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    del config["task"]
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    overrides = run_dir / ".hydra" / "overrides.yaml"
+    overrides.write_text(overrides.read_text() + "- trainer.label_smoothing=0.1\n")
+    assert "task.label_smoothing=0.1" in replay(["trainer.resume=auto", "data.root=/no/such/dataset"], run_dir)
+    result = run_cli(["trainer.resume=auto", f"hydra.run.dir={run_dir}", "data.root=/no/such/dataset"])
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: data.root='/no/such/dataset' does not exist"), result.stderr

@@ -211,3 +211,14 @@ def _evaluate_on_this_rank(out_dir: Path) -> None:
 
 if __name__ == "__main__":
     _evaluate_on_this_rank(Path(sys.argv[1]))
+
+
+def test_a_non_mask_target_is_passed_as_the_source_gave_it():
+    """Integer labels (int, numpy int, a 0-d tensor) become ints the collate stacks to int64; a float target to
+    regress keeps its value; only a 2-D uint8 tensor is a mask."""
+    from train.data.samples import label_of
+
+    assert label_of(torch.tensor(3)) == 3 and isinstance(label_of(torch.tensor(3)), int)
+    assert label_of(np.int64(2)) == 2 and isinstance(label_of(np.int64(2)), int)
+    assert label_of(0.37) == 0.37
+    assert label_of(torch.tensor(0.5)) == 0.5

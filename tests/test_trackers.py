@@ -377,3 +377,15 @@ def test_tensorboard_gets_the_config_text_at_the_first_logged_step(tiny_dataset,
     (config,) = events.Tensors("config/text_summary")
     assert config.step == first > 0
     assert "data.batch_size: 16" in config.tensor_proto.string_val[0].decode()
+
+
+def test_a_resumed_csv_table_keeps_the_columns_it_was_written_with(tmp_path):
+    """A run resumed under a loadout that knows more figures appends rows under the file's own header, each value
+    in its column (the new figures are left out of that file)."""
+    from train.trackers.csv_file import CsvTracker
+
+    (tmp_path / "metrics.csv").write_text("step,epoch,train_loss\n10,1,0.5\n")
+    CsvTracker(tmp_path).log_epoch(20, {"epoch": 2, "train_loss": 0.25, "read_share": 0.3, "val_acc": 0.9})
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows == [["step", "epoch", "train_loss"], ["10", "1", "0.5"], ["20", "2", "0.25"]]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from train.errors import ConfigError
 from train.memory import MemorySampler
 
 
@@ -122,7 +123,7 @@ def use_task_figures(figures: Sequence[Metric]) -> None:
     at = next(i for i, (key, _) in enumerate(rows) if key == "val_loss") + 1
     clash = [metric.key for metric in figures if metric.key in dict(rows)]
     if clash:
-        raise ValueError(f"task figures {clash} are already loadout's own: name them otherwise")
+        raise ConfigError(f"task._target_: the task's figures {clash} are already loadout's own: name them otherwise")
     rows[at:at] = [(metric.key, metric) for metric in figures]
     EPOCH.clear()
     EPOCH.update(rows)

@@ -28,6 +28,7 @@ from train.errors import ConfigError, first_line
 RESUMES = "resumes.yaml"
 MASKED = "://***@"  # a URL's credentials as train/credentials.py leaves them in .hydra/
 # What a checkpoint's weights, optimizer state and data stream are tied to: changing one is a new run.
+MOVED_KEYS = {"trainer.label_smoothing": "task.label_smoothing"}  # keys a run's saved overrides may still use
 FROZEN = ("model", "task._target_", "dataset._target_", "augment._target_", "optimizer._target_",
           "scheduler._target_", "data.image_size")
 
@@ -76,6 +77,8 @@ def replay(argv: list[str], run_dir: Path) -> list[str]:
     merged = []
     for override in saved_overrides(run_dir):
         key = key_of(override)
+        if key in MOVED_KEYS:  # a run started before the key moved: its value, under the new name
+            override, key = override.replace(key, MOVED_KEYS[key], 1), MOVED_KEYS[key]
         mine = given.get(key)
         if "." in key and key.split(".", 1)[0] in regrouped:
             continue
@@ -94,9 +97,9 @@ def check_unchanged(run_dir: Path, cfg: Any) -> None:
     ones as the run resolved them (`pin_frozen`), the new ones as this machine does."""
     saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     for key in FROZEN:
-        before, after = _flat(_resolved(saved, key), key), _flat(_resolved(cfg, key), key)
-        if not before:  # a run from before the key existed (task=): it trained with what the default gives
+        if _resolved(saved, key) is None:  # a run from before the key existed (task=): it trained with the default
             continue
+        before, after = _flat(_resolved(saved, key), key), _flat(_resolved(cfg, key), key)
         for leaf in sorted(set(before) | set(after)):
             if before.get(leaf) != after.get(leaf):
                 raise ConfigError(f"{leaf}={_typed(after.get(leaf))}: the run in {run_dir} has {leaf}="

@@ -148,7 +148,7 @@ class Samples(Dataset):
                 CLOCK.lap(DECODE)
                 image = self.crop_first.finish(image)
                 CLOCK.lap(AUGMENT)
-                return image, int(label), index
+                return image, label_of(label), index
             image, target = self._load(index) if self.cache is None else self.cache.fetch(index, self._load)
             CLOCK.split(READ, DECODE)  # one source call reads and decodes: its CPU time is the decode
         except UNREADABLE as err:
@@ -162,10 +162,10 @@ class Samples(Dataset):
 
     def _transformed(self, image: torch.Tensor, target) -> tuple[torch.Tensor, torch.Tensor | int]:
         """The transform of an image and its label, or of an image and its mask together (one geometric draw)."""
-        if isinstance(target, torch.Tensor):  # a mask (`_load` made it one)
+        if isinstance(target, torch.Tensor) and target.dim() == 2:  # a mask (`_load` made it one)
             image, mask = self.transform(image.as_subclass(tv_tensors.Image), target.as_subclass(tv_tensors.Mask))
             return image.as_subclass(torch.Tensor), mask.as_subclass(torch.Tensor)
-        return self.transform(image), int(target)
+        return self.transform(image), label_of(target)
 
     def _encoded(self, index: int) -> tuple[EncodedSample, int]:
         """The encoded file with the box the transform would draw on the image the CPU path decodes (as stored: the
@@ -173,7 +173,7 @@ class Samples(Dataset):
         data, label = self.source.read_encoded(index)
         CLOCK.lap(READ)
         box = self.encoded.draw(image_size(data), getattr(self.source, "min_side", None), exif_orientation(data))
-        return EncodedSample(data, box), int(label)
+        return EncodedSample(data, box), label_of(label)
 
     def _crop(self, index: int) -> tuple[torch.Tensor, int]:
         """The RandomResizedCrop of a sample, its box drawn on the size the source decodes at (DCT-scaled), mapped
@@ -224,3 +224,11 @@ class Samples(Dataset):
             return None
         log.warning("skipping unreadable sample %s: %s", where, err)
         return None
+
+
+def label_of(target):
+    """A sample's non-mask target: an integer label (a Python or numpy int, a 0-d tensor) as an int, which the
+    collate stacks to int64; any other target (a float to regress, a vector of tags) as the source gave it."""
+    if isinstance(target, torch.Tensor) and target.dim() == 0:
+        target = target.item()
+    return int(target) if isinstance(target, int | np.integer) else target

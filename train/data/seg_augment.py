@@ -26,7 +26,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from train.data.geometry import flip_threshold
+from train.data.geometry import flip_threshold, resized_size
 from train.data.masks import IGNORE_INDEX, resize_exact
 from train.data.transforms import RANDOM_APPLY_FORWARD, DirectCompose, resize_size, to_float_steps
 from train.errors import ConfigError
@@ -85,10 +85,7 @@ class ScaledCrop(v2.Transform):
     def make_params(self, flat_inputs: list) -> dict:
         height, width = F.get_size(flat_inputs[0])
         shorter = int(torch.randint(self.min_size, self.max_size, ()))  # v2.RandomResize's draw
-        if height <= width:
-            scaled = shorter, int(shorter * width / height)  # v2's resized size for a shorter side
-        else:
-            scaled = int(shorter * height / width), shorter
+        scaled = resized_size((height, width), shorter)  # v2's resized size for a shorter side
         top, box_h, out_h, pad_top = _window(scaled[0], self.size, height)
         left, box_w, out_w, pad_left = _window(scaled[1], self.size, width)
         return {"box": (top, left, box_h, box_w), "out": [out_h, out_w],

@@ -5,7 +5,7 @@ The loop hands a task the model's outputs and the batch's targets (`batch.target
 give as target, stacked) and never looks inside either: the task computes the loss, the per-batch evaluation sums
 (one float64 device tensor; the step adds them over the epoch and all-reduces them once per validation), the
 figures those sums give, and which figure picks best.pt. A task of your own subclasses `Task` in one file and is
-named by one YAML in conf/task/ (`_target_`); examples/multilabel shows one.
+named by one YAML in conf/task/ (`_target_`); examples/counting shows one.
 """
 
 from __future__ import annotations
