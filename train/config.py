@@ -83,6 +83,9 @@ class DataConfig:
     shard_cache_bytes: int = 0
     shuffle_window: int | None = None
     prefetch_shards: int = 8
+    # between epochs, more workers (within the cores' share and memory), then a deeper prefetch, where the epoch's
+    # diagnosis says the workers are the bound; fewer when memory nears its limit (train/data/autotune.py)
+    autotune: bool = False
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -130,16 +130,21 @@ def fixes(stage: str, machine: Machine, worker_s: float, step_s: float) -> list[
     return out
 
 
+def feeders(times: dict[str, float], machine: Machine) -> dict[str, float]:
+    """Seconds a sample of each serial feeder of the loop: the workers together (without workers the worker stages
+    run in the main process, one sample after another), the hand-off, the copy."""
+    worker_s = sum(times[name] for name in WORKER_STAGES)
+    return {"workers": worker_s / max(machine.num_workers, 1), "handoff": times["handoff"], "copy": times["copy"]}
+
+
 def diagnose(times: dict[str, float], wait_frac: float, machine: Machine) -> tuple[str, str]:
     """(the bound, the one line that names it and the fix)."""
-    workers = max(machine.num_workers, 1)
     worker_s = sum(times[name] for name in WORKER_STAGES)
-    feeders = {"workers": worker_s / workers if machine.num_workers else 0.0, "handoff": times["handoff"],
-               "copy": times["copy"]}
+    feeders_s = feeders(times, machine)
     step_s = times["compute"]
-    slowest = max(feeders, key=feeders.get)
+    slowest = max(feeders_s, key=feeders_s.get)
     if wait_frac < WAITS:
-        headroom = step_s / max(feeders[slowest], 1e-9)
+        headroom = step_s / max(feeders_s[slowest], 1e-9)
         if headroom >= HEADROOM:
             return "compute", (f"compute-bound: the step takes {step_s * 1e3:.2f} ms a sample and the loader could "
                                f"feed {headroom:.1f}x that pace (waited {wait_frac:.0%}): a faster step helps "
@@ -157,19 +162,40 @@ def diagnose(times: dict[str, float], wait_frac: float, machine: Machine) -> tup
                    f"Fix: {fix}")
 
 
+@dataclass(frozen=True)
+class Finding:
+    """An epoch's diagnosis as figures, for data.autotune (train/data/autotune.py)."""
+
+    bound: str
+    feeder: str  # the slowest feeder: "workers", "handoff" or "copy"
+    wait_frac: float
+    worker_s: float  # seconds a sample spends in the worker stages, over all of them
+    step_s: float  # the loop's compute a sample
+
+
 class Doctor:
-    """Per epoch: the stage figures for the record, the table and the diagnosis for the log."""
+    """Per epoch: the stage figures for the record, the table and the diagnosis for the log; `finding` keeps the last
+    epoch's for data.autotune."""
 
     def __init__(self, machine: Machine):
         self.machine = machine
+        self.finding: Finding | None = None
+
+    def retarget(self, num_workers: int) -> None:
+        """The loader now runs `num_workers` (data.autotune changed it)."""
+        self.machine = replace(self.machine, num_workers=num_workers)
 
     def examine(self, stages: dict[str, float] | None, record: dict, log_it: bool = True) -> dict:
         """The epoch's stage shares and bound (into the record), logged as a table and one line; {} when nothing
         was measured."""
         times = per_sample(stages, record) if stages is not None else None
+        self.finding = None
         if times is None:
             return {}
         bound, line = diagnose(times, record["data_wait_frac"], self.machine)
+        feeders_s = feeders(times, self.machine)
+        self.finding = Finding(bound, max(feeders_s, key=feeders_s.get), record["data_wait_frac"],
+                               sum(times[name] for name in WORKER_STAGES), times["compute"])
         if log_it:
             self._log(times, line)
         return {**shares(times), "bound": bound}

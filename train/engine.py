@@ -22,6 +22,7 @@ from train.config import TrainerConfig
 from train.console import Console
 from train.data import DataPipeline
 from train.data.augment import Recipe
+from train.data.autotune import Autotune
 from train.data.batch import Batch
 from train.data.stages import since
 from train.data.stream import LoaderPositions
@@ -49,7 +50,8 @@ class Trainer:
 
     def __init__(self, tc: TrainerConfig, env: DistEnv, device: torch.device, data: DataPipeline, step: TrainStep,
                  plan: Plan, run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
-                 callbacks: Sequence = (), model_name: str = "the model", doctor: Doctor | None = None):
+                 callbacks: Sequence = (), model_name: str = "the model", doctor: Doctor | None = None,
+                 autotune: bool = False):
         self.tc, self.env, self.device, self.data, self.run_dir = tc, env, device, data, run_dir
         # where each epoch's time went and what bound it (train/doctor.py)
         self.doctor = doctor or Doctor(Machine(device.type, num_workers=data.plan.num_workers,
@@ -57,6 +59,8 @@ class Trainer:
         self.step, self.plan, self.model_name = step, plan, model_name
         self.monitor = monitor or Monitor()  # trackers / Prometheus; closed by whoever built it
         self.memory = self.monitor.sampler.start(MEMORY_INTERVAL_S)  # each epoch's peak PSS, off the step loop
+        # data.autotune: the loader's plan moved between epochs toward the doctor's measured best
+        self.autotune = Autotune(data, env, self.memory) if autotune else None
         self.stop = stop or StopSignal()  # installed by whoever built it (python -m train); asked after each step
         self.agreement = RankAgreement()  # the stop signal and the micro-batch size, agreed one step later
         self.callbacks = list(callbacks)
@@ -88,7 +92,8 @@ class Trainer:
         name = OmegaConf.select(cfg, "model.name", default=None)
         return cls(tc, env, device, data, step, plan, run_dir, monitor, stop, callbacks,
                    model_name=f"model.name={name}" if name else f"model._target_={cfg.model._target_}",
-                   doctor=Doctor(Machine.of(cfg.data, data.plan, data.source, device)))
+                   doctor=Doctor(Machine.of(cfg.data, data.plan, data.source, device)),
+                   autotune=bool(cfg.data.get("autotune", False)))
 
     def _call(self, hook: str, *args) -> None:
         for callback in self.callbacks:
@@ -98,8 +103,9 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def parts(self) -> dict[str, checkpoint.Stateful]:
-        return {**self.step.stateful(), "progress": self.progress, "plan": self.plan, "loader": self.positions,
-                "trackers": self.monitor.trackers}
+        tuned = {"autotune": self.autotune} if self.autotune is not None else {}  # before "loader": its workers
+        return {**self.step.stateful(), "progress": self.progress, "plan": self.plan, **tuned,
+                "loader": self.positions, "trackers": self.monitor.trackers}
 
     def save(self, best: bool = False) -> None:
         """Called by every rank at the same step; rank 0 writes last.pt (and best.pt when `best`). The barrier
@@ -125,9 +131,10 @@ class Trainer:
         del parts["plan"], parts["scaler"]  # this run's plan stands (checked above); the scaler loads from any device
         checkpoint.load_model(parts.pop("model"), state, path, self.model_name)
         self.step.load_scaler(state.get("scaler", {}))
-        for name in ("micro_batch", "trackers"):  # written before trainer.micro_batch_size / the logger group
+        # checkpoints written before trainer.micro_batch_size, the logger group, data.autotune lack them
+        for name in ("micro_batch", "trackers", "autotune"):
             if name not in state:
-                del parts[name]
+                parts.pop(name, None)
         if progress.batch_in_epoch >= self.batches.per_epoch or tc.overfit_batches:  # no position to go on from
             del parts["loader"]
         for name, part in parts.items():
@@ -174,6 +181,8 @@ class Trainer:
             if complete:  # else cut short by trainer.max_steps: resume finishes this epoch
                 self.progress = Progress(epoch=self.progress.epoch + 1, step=self.progress.step,
                                          best=record[figure] if best else self.progress.best)
+            if complete and self.autotune is not None and self.progress.epoch < tc.epochs and not self.done():
+                self.autotune.after_epoch(self.doctor.finding)  # before the checkpoint, which keeps the choice
             self.save(best=best)
             self._call("on_epoch_end", record)
             if self.env.is_main:
@@ -238,6 +247,7 @@ class Trainer:
         tc = self.tc
         self.step.ddp.train()
         self.data.set_epoch(self.progress.epoch)
+        self.doctor.retarget(self.data.plan.num_workers)  # data.autotune may have changed it
         meter = EpochMeter(self.device, self.memory, self.source_tally())
         remaining = self.batches.per_epoch - self.progress.batch_in_epoch
         skipped_before = self.step.skipped

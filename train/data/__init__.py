@@ -8,7 +8,7 @@ prefetch across epoch boundaries, with a state a checkpoint keeps.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -29,11 +29,21 @@ from train.data.samples import Samples
 from train.data.shm import check_shm, warn_if_shm_too_small
 from train.data.source import Offers, Source, check_sources, sample_name
 from train.data.stateful import shutdown_workers
-from train.data.stream import TrainStream, build_train_stream
+from train.data.stream import TrainStream, build_train_stream, train_loader
 from train.data.transforms import resize_size
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.task import Classification, Task, build_task
+
+
+@dataclass(frozen=True)
+class LoaderRecipe:
+    """What both loaders are built from besides the plan, kept so that `DataPipeline.replan` rebuilds them."""
+
+    data: object  # the `data:` section
+    env: DistEnv
+    seed: int
+    to_device: Callable[[Iterable], Iterable]  # holds no reference back to the pipeline (see build_data)
 
 
 @dataclass
@@ -44,6 +54,19 @@ class DataPipeline:
     val: DevicePrefetcher  # the validation loader's batches on the device; `.loader` is the StatefulDataLoader
     plan: LoaderPlan
     samples: tuple[Samples, Samples]  # (train, val): what their workers read, noted on one ActivityBoard
+    recipe: LoaderRecipe | None = None  # None: the loaders cannot be rebuilt with another plan
+
+    def replan(self, plan: LoaderPlan) -> None:
+        """Both loaders rebuilt with `plan` (data.autotune, between epochs), the training stream at its position;
+        what a sample is does not depend on the plan (samples.py seeds by (seed, epoch, index))."""
+        recipe, (train, val) = self.recipe, self.samples
+        shutdown_workers(self.val.loader)
+        board = ActivityBoard(2 * plan.num_workers) if plan.num_workers else None
+        train.board = val.board = board
+        val.first_slot = plan.num_workers
+        self.train.replace_loader(*train_loader(train, plan, recipe.data, recipe.env, recipe.seed, self.train.batches))
+        self.val = recipe.to_device(build_val_loader(val, plan, recipe.data, recipe.env, recipe.seed))
+        self.plan = plan
 
     @property
     def source(self) -> Source:
@@ -166,7 +189,7 @@ def build_data(data, sources: tuple[Source, Source], recipe: Recipe, plan: Loade
                         channels_last=channels_last, non_blocking=data.non_blocking,
                         beside_workers=plan.num_workers > 0, decoder=decoder)
     train_stream = build_train_stream(samples[0], plan, data, env, seed=seed, epochs=epochs, to_device=to_device)
-    return DataPipeline(train_stream, to_device(val_loader), plan, samples)
+    return DataPipeline(train_stream, to_device(val_loader), plan, samples, LoaderRecipe(data, env, seed, to_device))
 
 
 def data_from_config(cfg, env: DistEnv, device: torch.device, recipe: Recipe | None = None,

@@ -36,7 +36,7 @@ from train.data.reshard import RankSampler, deal, install, untrained
 from train.data.ring import build_collate
 from train.data.seeds import loader_seed
 from train.data.stages import HANDOFF, MainStages, StageTimes, TimedCollate
-from train.data.stateful import forget_loaded_state, stateful_loader
+from train.data.stateful import forget_loaded_state, shutdown_workers, stateful_loader
 from train.dist import DistEnv, all_gather
 from train.errors import ConfigError
 
@@ -166,6 +166,15 @@ class TrainStream:
         forget_loaded_state(self.loader)  # a state loaded earlier must not override this position
         self.epoch, self.batch, self.loader_state = epoch, batch, None
 
+    def replace_loader(self, loader: StatefulDataLoader, stages: StageTimes | None) -> None:
+        """Go on from this position with `loader` (another plan, data.autotune's): the old loader's workers end and
+        the new one starts its batch sampler at (epoch, batch), which draws the same batches, as a resume at another
+        data.num_workers does."""
+        self.close()
+        shutdown_workers(self.loader)
+        self.loader, self.stages, self.loader_state = loader, stages, None
+        self.stateful = loader.num_workers == 0 or loader.in_order
+
     def close(self) -> None:
         """Drop the batches in flight; the workers stay (persistent) until `shutdown_workers(self.loader)`."""
         if self._iter is not None and hasattr(self._iter, "close"):
@@ -197,16 +206,23 @@ class TrainStream:
             yield batch
 
 
+def train_loader(samples: Dataset, plan: LoaderPlan, data, env: DistEnv, seed: int,
+                 batches: EpochBatchSampler) -> tuple[StatefulDataLoader, StageTimes]:
+    """A StatefulDataLoader with every data.* knob over `batches`, and its stage clocks."""
+    stages = StageTimes.for_workers(plan.num_workers)
+    loader = stateful_loader(samples, batch_sampler=batches, collate_fn=TimedCollate(build_collate(plan), stages.board),
+                             generator=torch.Generator().manual_seed(loader_seed(seed, env.rank)),
+                             **plan.loader_kwargs(data))
+    return loader, stages
+
+
 def build_train_stream(samples: Dataset, plan: LoaderPlan, data, env: DistEnv, *, seed: int, epochs: int,
                        to_device: Callable[[Iterable], Iterable]) -> TrainStream:
     """The training stream: a StatefulDataLoader with every data.* knob, one batch sampler over all `epochs`
     handing `samples` (samples.Samples) its keys `(epoch, index)`."""
     sampler = build_sampler(samples, data, env, train=True, seed=seed)
     batches = EpochBatchSampler(sampler, plan.batch_size, data.drop_last, epochs)
-    stages = StageTimes.for_workers(plan.num_workers)
-    loader = stateful_loader(samples, batch_sampler=batches, collate_fn=TimedCollate(build_collate(plan), stages.board),
-                             generator=torch.Generator().manual_seed(loader_seed(seed, env.rank)),
-                             **plan.loader_kwargs(data))
+    loader, stages = train_loader(samples, plan, data, env, seed, batches)
     stream = TrainStream(loader, batches, to_device, stages)
     stream.rank_sampler = rank_sampler(samples, data, env, seed)
     return stream

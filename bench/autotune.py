@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""data.autotune (train/data/autotune.py): a training run started badly (data.num_workers=0, prefetch 1) with
+autotune on, against the best static loader configuration of this machine, each a real 3-epoch run of the trainer
+(the 320 px JPEGs at Resize 256 -> RandomCrop 224, a small model whose step takes about as long as a decode).
+
+Printed: every run's images/s per epoch, and the tuned run's third epoch over the best static configuration's third
+epoch (the same epoch in each run: the same page cache, the same first batch after validation), taken in each round
+(the tuned run, then every static one, back to back) and the median over the rounds: a machine shared with other
+jobs can change speed many times over between rounds, far less within one. Target: >= 0.95 by the third epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from common import SEED_DATA, config, machine, report
+
+from train.data import data_from_config
+from train.dist import DistEnv, seed_everything
+from train.engine import Trainer
+
+CPU = torch.device("cpu")
+ROUNDS, TARGET, BATCHES = 3, 0.95, 16
+COMMON = ("data.batch_size=16", "data.image_size=224", "data.prefetch_factor=1", "trainer.epochs=3",
+          f"trainer.limit_batches={BATCHES}", "trainer.progress=false", "logger=[]", "augment=crop_flip")
+STATIC = {"0 workers": ("data.num_workers=0",), "1 worker": ("data.num_workers=1", "data.prefetch_factor=2"),
+          "1 worker, prefetch 4": ("data.num_workers=1", "data.prefetch_factor=4"),
+          "2 workers": ("data.num_workers=2", "data.prefetch_factor=2")}
+
+
+def small_model(classes: int) -> torch.nn.Module:
+    """A step about as long as decoding a 320 px JPEG: a loader that decodes beside the step (workers) can double
+    the pace of one that decodes between steps (num_workers=0)."""
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 5, stride=4), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 3, stride=2),
+                               torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                               torch.nn.Linear(16, classes))
+
+
+def epochs_images_per_s(*overrides: str) -> list[float]:
+    """images/s of each epoch of one real 3-epoch run."""
+    cfg = config(*COMMON, *overrides, root=SEED_DATA)
+    with tempfile.TemporaryDirectory() as run_dir, data_from_config(cfg, DistEnv(), CPU) as data:
+        seed_everything(cfg.trainer.seed, DistEnv())
+        trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, small_model(data.num_classes), Path(run_dir))
+        return [record["images_per_s"] for record in trainer.fit()]
+
+
+def main() -> None:
+    print(machine())
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("train.data.autotune").setLevel(logging.INFO)  # its one line a change
+    tuned: list[list[float]] = []
+    static: dict[str, list[list[float]]] = {name: [] for name in STATIC}
+    for _ in range(ROUNDS):
+        tuned.append(epochs_images_per_s("data.num_workers=0", "data.autotune=true"))
+        print(f"  autotune from 0 workers, prefetch 1: {' / '.join(f'{x:.0f}' for x in tuned[-1])} img/s by epoch",
+              flush=True)
+        for name, overrides in STATIC.items():
+            static[name].append(epochs_images_per_s(*overrides, "data.autotune=false"))
+            print(f"  static {name}: {' / '.join(f'{x:.0f}' for x in static[name][-1])} img/s by epoch", flush=True)
+    ratios, bests = [], []
+    for round_, run in enumerate(tuned):
+        best_name = max(static, key=lambda name: static[name][round_][2])
+        bests.append(best_name)
+        ratios.append(run[2] / static[best_name][round_][2])
+    ratio = statistics.median(ratios)
+    report("autotune from num_workers=0 / best static, epoch 3", ratio, f">= {TARGET}", ratio >= TARGET,
+           f"median of {ROUNDS} rounds, each {', '.join(f'{r:.2f}' for r in ratios)}; best static each round: "
+           f"{', '.join(bests)}")
+
+if __name__ == "__main__":
+    main()
