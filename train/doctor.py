@@ -18,11 +18,12 @@ import torch
 
 from train.data.plan import usable_cores
 from train.data.source import Offers
+from train.data.stages import WORKER_STAGES
 
 log = logging.getLogger(__name__)
 
 STAGES = ("read", "decode", "augment", "collate", "handoff", "copy", "wait", "compute")
-WORKER_STAGES = ("read", "decode", "augment", "collate")
+
 BOUND_OF = {"read": "read/fetch", "decode": "decode", "augment": "augment", "collate": "hand-off",
             "handoff": "hand-off", "copy": "copy"}
 WAITS = 0.10  # the loop waiting longer than this share of the epoch: the loader is the bound

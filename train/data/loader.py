@@ -22,7 +22,7 @@ from train.data.fetch_ahead import FetchAhead
 from train.data.plan import LoaderPlan
 from train.data.ring import build_collate
 from train.data.seeds import SAMPLER, loader_seed, mixed_seed
-from train.data.shard_order import shard_window
+from train.data.shard_order import shard_window, window_order
 from train.data.shm import shm_fix
 from train.data.stages import StageBoard, TimedCollate
 from train.data.stateful import stateful_loader
@@ -100,15 +100,8 @@ class ShardWindowSampler(Sampler[int]):
 
     def order(self) -> np.ndarray:
         """Every sample of the epoch, over all ranks."""
-        shards = len(self.starts) - 1
-        rng = np.random.default_rng(mixed_seed(self.seed, SAMPLER, self.epoch))
-        sequence = rng.permutation(shards) if self.shuffle else np.arange(shards)
-        parts = []
-        for first in range(0, shards, self.window):
-            window = np.concatenate([np.arange(self.starts[s], self.starts[s + 1])
-                                     for s in sequence[first:first + self.window]])
-            parts.append(rng.permutation(window) if self.shuffle else window)
-        return np.concatenate(parts)
+        rng = np.random.default_rng(mixed_seed(self.seed, SAMPLER, self.epoch)) if self.shuffle else None
+        return window_order(self.starts, self.window, rng)
 
     def __iter__(self) -> Iterator[int]:
         order = self.order()

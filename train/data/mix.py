@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from train.build import instantiate
 from train.data.decode import UNREADABLE
 from train.data.seeds import MIX, mixed_seed
-from train.data.shard_order import shard_window
+from train.data.shard_order import shard_window, window_order
 from train.data.shard_store import ShardError
 from train.data.source import Source, as_uint8_tensor, sample_name
 from train.errors import ConfigError, first_line
@@ -154,11 +154,7 @@ class MixSource:
         rng = np.random.default_rng(mixed_seed(self.seed, MIX, 1, part, number))
         if starts is None:
             return rng.permutation(n)
-        order = rng.permutation(len(starts) - 1)  # the shard window order: shards shuffled, a window's samples too
-        window = self.windows[part]
-        return np.concatenate([rng.permutation(np.concatenate([np.arange(starts[s], starts[s + 1])
-                                                               for s in order[first:first + window]]))
-                               for first in range(0, len(order), window)])
+        return window_order(starts, self.windows[part], rng)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         part, sample = self.locate(index)

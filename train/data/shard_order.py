@@ -104,3 +104,15 @@ def shard_window(starts: np.ndarray, window: int | None, spread: Callable[[], La
                     "(scripts/make_shards.py)", seen.per_shard, seen.classes, seen.random_draw, chosen,
                     seen.classes_in(chosen), fix)
     return chosen
+
+
+def window_order(starts: np.ndarray, window: int, rng: np.random.Generator | None) -> np.ndarray:
+    """Every sample of shards `starts` in the shard window order: the shards shuffled, then each `window` of them read
+    as one shuffled run of samples (reads stay mostly sequential, the node cache bounded); `rng` None: stored order."""
+    shards = len(starts) - 1
+    sequence = rng.permutation(shards) if rng is not None else np.arange(shards)
+    parts = []
+    for first in range(0, shards, window):
+        part = np.concatenate([np.arange(starts[s], starts[s + 1]) for s in sequence[first:first + window]])
+        parts.append(rng.permutation(part) if rng is not None else part)
+    return np.concatenate(parts)
