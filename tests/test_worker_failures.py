@@ -18,9 +18,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.conftest import compose_config, run_cli
 from train.data import data_from_config
-from train.data.loader import LoaderError, explain_loader_error
+from train.data.loader import explain_loader_error
 from train.data.plan import STUCK_WORKER_TIMEOUT_S, LoaderPlan
 from train.dist import DistEnv
+from train.errors import LoaderError
 
 
 class DiesAt(Dataset):

@@ -32,6 +32,12 @@ class ConfigError(Failure, ValueError):
     status = CONFIG_EXIT
 
 
+class LoaderError(Failure, RuntimeError):
+    """A DataLoader worker died or timed out; the message names the likely cause and the fix."""
+
+    status = CONFIG_EXIT
+
+
 class OutOfDeviceMemory(Failure):
     """The run ran out of device memory and could not go on (micro_batch.OutOfMemory says where and the sizes)."""
 

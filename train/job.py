@@ -18,9 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from train import no_retry, resume_run
 from train.config import drop_worker_knobs, validate
 from train.credentials import mask_credentials_in_files, mask_credentials_in_logs, without_credentials
-from train.data.loader import LoaderError
 from train.dist import DistEnv
-from train.errors import CONFIG_EXIT, RESUMABLE_EXIT, Failure, LostPeer, OutOfDeviceMemory
+from train.errors import RESUMABLE_EXIT, Failure, LostPeer, OutOfDeviceMemory
 from train.micro_batch import is_out_of_memory
 from train.peers import Heartbeat, collective_error, is_collective_failure
 from train.run_record import shown_path, where_it_wrote, write_plan
@@ -143,15 +142,13 @@ def main(cfg: DictConfig) -> None:
         if DistEnv.from_env().is_main:
             log.warning("%s; continue with: %s", stopped, continue_command(run_dir))
         sys.exit(RESUMABLE_EXIT)
-    except LoaderError as err:
-        fail(err, CONFIG_EXIT)
+    except Failure as err:
+        failed(err, run_dir, as_given)
     except RuntimeError as err:  # out of memory outside the loop (building the model): torch's first line
         if not is_out_of_memory(err):
             raise
         failed(OutOfDeviceMemory(f"out of memory: {str(err).splitlines()[0]}; lower data.batch_size or the model's "
                                  "size"), run_dir, as_given)
-    except Failure as err:
-        failed(err, run_dir, as_given)
 
 
 def failed(err: Failure, run_dir: Path, as_given: DictConfig) -> None:

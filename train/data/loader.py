@@ -27,13 +27,9 @@ from train.data.shm import shm_fix
 from train.data.stages import StageBoard, TimedCollate
 from train.data.stateful import stateful_loader
 from train.dist import DistEnv
-from train.errors import ConfigError
+from train.errors import ConfigError, LoaderError
 
 log = logging.getLogger(__name__)
-
-
-class LoaderError(RuntimeError):
-    """A DataLoader worker died or timed out; the message names the likely cause and the fix."""
 
 
 class ShardSampler(Sampler[int]):

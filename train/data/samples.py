@@ -38,7 +38,6 @@ from train.data.cache import SharedSampleCache
 from train.data.decode import UNREADABLE, decode_crop, decoded_size, exif_orientation, image_size
 from train.data.encoded import EncodedSample
 from train.data.geometry import BoxPlan
-from train.data.loader import LoaderError
 from train.data.masks import as_mask, check_mask_size
 from train.data.seeds import sample_seeds
 from train.data.shard_store import ShardError
@@ -46,6 +45,7 @@ from train.data.source import Offers, Source, as_uint8_tensor, sample_name
 from train.data.stages import AUGMENT, CLOCK, DECODE, READ
 from train.data.transforms import CropFlipPlan, ResizedCropFirst
 from train.data.workers import one_torch_thread
+from train.errors import LoaderError
 
 log = logging.getLogger(__name__)
 
