@@ -15,9 +15,9 @@ from hydra import compose, initialize_config_dir
 
 from train.config import register
 from train.data import DataPipeline, data_from_config
-from train.data.batch import Batch
+from train.data.loader.batch import Batch
 from train.dist import DistEnv
-from train.metrics import EpochMeter
+from train.observe.meter import EpochMeter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,8 +47,8 @@ def jpeg_files(root: Path) -> list[Path]:
 
 
 def images_per_s(batches: Iterable, step: Callable[[], None] | None = None) -> float:
-    """Images per second over `batches` (train/metrics.py's EpochMeter), timed from the second batch on (the first
-    pays for worker start-up)."""
+    """Images per second over `batches` (train/observe/meter.py's EpochMeter), timed from the second batch on (the
+    first pays for worker start-up)."""
     meter = EpochMeter()  # times only: no memory sampler
     for index, batch in enumerate(batches):
         meter.waited()

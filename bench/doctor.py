@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The per-stage timing's cost (train/data/stages.py): samples/s of the per-sample path (read, decode, augment)
+"""The per-stage timing's cost (train/data/loader/stages.py): samples/s of the per-sample path (read, decode, augment)
 and the collate with the stage clocks on, as every run has them, against the same with them off (this benchmark
 swaps the clock for one that does nothing and the timed collate for the plain one), A B A B in one run.
 
@@ -18,8 +18,8 @@ from common import DATA, SEED_DATA, config, interleaved_samples, machine, report
 
 import train.data.samples as samples_module
 from train.data import data_from_config
-from train.data.batch import collate
-from train.data.stages import StageBoard, StageClock, TimedCollate
+from train.data.loader.batch import collate
+from train.data.loader.stages import StageBoard, StageClock, TimedCollate
 from train.dist import DistEnv
 
 ROUNDS, BATCHES, TARGET = 7, 8, 0.98

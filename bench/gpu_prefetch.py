@@ -20,12 +20,12 @@ import torch
 from common import SEED_DATA, config, host_batches, machine
 
 from train.data import DataPipeline, data_from_config
-from train.data.batch import Batch
+from train.data.loader.batch import Batch
 from train.data.transforms import DeviceNormalize
 from train.dist import DistEnv
-from train.metrics import EpochMeter
-from train.model import build_model
-from train.step import TrainStep
+from train.loop.model import build_model
+from train.loop.step import TrainStep
+from train.observe.meter import EpochMeter
 
 BATCH = (128, 3, 224, 224)
 
@@ -60,8 +60,8 @@ def _copied(data: DataPipeline, device: torch.device) -> Iterator[Batch]:
 
 def data_wait(prefetch: bool, device: torch.device, *overrides: str, root: Path = SEED_DATA, steps: int = 60,
               warmup: int = 5) -> float:
-    """Fraction of the training time after `warmup` steps spent waiting for the next batch (train/metrics.py's
-    definition), training through train/step.py's TrainStep (ResNet-50, AMP on CUDA): the a100 profile on the
+    """Fraction of the training time after `warmup` steps spent waiting for the next batch (train/observe/metrics.py's
+    definition), training through train/loop/step.py's TrainStep (ResNet-50, AMP on CUDA): the a100 profile on the
     320 px JPEG set unless `overrides` and `root` say otherwise."""
     cfg = config("hardware=a100", f"trainer.epochs={steps + 1}", *overrides, root=root)
     with data_from_config(cfg, DistEnv(), device) as data:

@@ -23,10 +23,10 @@ from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 
 from train.data.augment import Recipe
-from train.data.decode import decode_image_file
+from train.data.fast.decode import decode_image_file
+from train.data.loader.plan import LoaderPlan
+from train.data.loader.ring import build_collate
 from train.data.masks import decode_mask
-from train.data.plan import LoaderPlan
-from train.data.ring import build_collate
 from train.data.samples import Samples
 from train.data.seg_augment import SegmentationRecipe
 from train.data.voc import VOCSegmentation

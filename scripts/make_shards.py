@@ -28,7 +28,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from train.data.datasets import ImageFolderDataset
-from train.data.decode import JPEG_MAGIC
+from train.data.fast.decode import JPEG_MAGIC
 from train.data.source import as_uint8_tensor
 
 

@@ -5,7 +5,7 @@
     python scripts/pack_dataset.py cifar-10-batches-py data/cifar-packed --size 36
 
 Every image is made square at --size px (shorter side resized, centre crop); pick the training resize size
-(image_size * 256 / 224 by default) so training skips the Resize step. train/data/packed.py reads the format.
+(image_size * 256 / 224 by default) so training skips the Resize step. train/data/fast/packed.py reads the format.
 """
 
 import argparse
@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from train.data.datasets import Cifar10Dataset, ImageFolderDataset
-from train.data.packed import IMAGES, META, TARGETS
+from train.data.fast.packed import IMAGES, META, TARGETS
 from train.data.source import as_uint8_tensor
 from train.data.transforms import fit_square
 

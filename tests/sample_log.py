@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train.checkpoint import write_atomic
 from train.dist import barrier
+from train.loop.checkpoint import write_atomic
 
 
 class SampleLog:

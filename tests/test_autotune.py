@@ -1,5 +1,5 @@
-"""data.autotune (train/data/autotune.py): with real workers and real JPEG files, a decode-bound run started without
-workers gets one by its second epoch, says so in one line and trains the very samples a run without autotune
+"""data.autotune (train/data/loader/autotune.py): with real workers and real JPEG files, a decode-bound run started
+without workers gets one by its second epoch, says so in one line and trains the very samples a run without autotune
 trains; a resume keeps the choice; a compute-bound run changes nothing; memory near its limit takes a worker away."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import torch
 from tests.conftest import compose_config, read_metrics
 from tests.sample_log import SampleLog
 from tests.tiny_net import TinyNet
-from train import checkpoint
 from train.data import data_from_config
-from train.data.autotune import decide
 from train.data.datasets import ImageFolderDataset
-from train.data.plan import LoaderPlan
+from train.data.loader.autotune import decide
+from train.data.loader.plan import LoaderPlan
 from train.dist import DistEnv, seed_everything
-from train.doctor import Finding
-from train.engine import Trainer
-from train.model import build_model
+from train.loop import checkpoint
+from train.loop.engine import Trainer
+from train.loop.model import build_model
+from train.observe.doctor import Finding
 
 CPU = torch.device("cpu")
 

@@ -13,16 +13,16 @@ from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
-from train import checkpoint
 from train.build import instantiate
 from train.config import drop_worker_knobs, validate
 from train.data import build_sources, data_from_config
 from train.data.augment import BatchMix
 from train.dist import DistEnv
 from train.errors import ConfigError
-from train.model import build_model
-from train.overrides import check_command_line
-from train.step import TrainStep
+from train.loop import checkpoint
+from train.loop.model import build_model
+from train.loop.step import TrainStep
+from train.run.overrides import check_command_line
 
 CPU = torch.device("cpu")
 GROUPS = ("dataset", "model", "optimizer", "scheduler", "augment", "experiment")
@@ -65,7 +65,7 @@ def test_an_experiment_sets_groups_and_values_and_the_command_line_still_wins():
     cfg = compose_config(["experiment=imagenet_resnet50", "optimizer.lr=0.1"])
     assert cfg.dataset._target_.endswith("ImageFolderDataset") and cfg.augment.crop == "resized"
     assert cfg.model.name == "resnet50" and cfg.trainer.epochs == 90 and cfg.optimizer.lr == 0.1
-    assert cfg.scheduler._target_ == "train.schedule.warmup_cosine"
+    assert cfg.scheduler._target_ == "train.loop.schedule.warmup_cosine"
 
 
 @pytest.mark.slow
@@ -185,7 +185,7 @@ def test_a_model_of_your_own_by_target_alone(tiny_dataset):
 
 
 def test_model_weights_start_from_a_state_dict_on_disk(tmp_path):
-    spec = OmegaConf.create({"_target_": "train.model.torchvision_model", "name": "resnet18", "weights": None})
+    spec = OmegaConf.create({"_target_": "train.loop.model.torchvision_model", "name": "resnet18", "weights": None})
     saved = build_model(spec, 10, CPU)
     torch.save(saved.state_dict(), tmp_path / "w.pt")
     spec.weights = str(tmp_path / "w.pt")
@@ -272,7 +272,7 @@ def test_every_source_goes_through_one_sample_path_packed_included(tiny_dataset,
     for it (a batch whose read fails goes one by one, and the bad sample is skipped, named)."""
     from scripts.pack_dataset import pack_split
     from train.data.datasets import ImageFolderDataset
-    from train.data.packed import PackedDataset
+    from train.data.fast.packed import PackedDataset
 
     for split in ("train", "val"):
         pack_split(ImageFolderDataset(tiny_dataset, split), tmp_path / split, 37)
@@ -304,8 +304,8 @@ def test_a_train_step_is_built_from_typed_parts_without_hydra():
     from functools import partial
 
     from train.config import TrainerConfig
-    from train.data.batch import Batch
-    from train.schedule import warmup_cosine
+    from train.data.loader.batch import Batch
+    from train.loop.schedule import warmup_cosine
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))
     step = TrainStep(TrainerConfig(precision="fp32"), DistEnv(), CPU, model, optimizer=partial(torch.optim.SGD, lr=0.5),
@@ -327,8 +327,8 @@ def test_own_task_in_one_file_trains_from_outside_the_package(tmp_path, monkeypa
     example's YAML on the search path, trained by the loop; its figures join the vocabulary and best.pt follows
     val_mae."""
     from train.data import data_from_config
-    from train.engine import Trainer
-    from train.metrics import EPOCH
+    from train.loop.engine import Trainer
+    from train.observe.metrics import EPOCH
     from train.task import build_task
 
     monkeypatch.syspath_prepend(str(COUNTING))

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from train import checkpoint
 from train.data import data_from_config
 from train.dist import DistEnv
-from train.engine import Trainer
 from train.errors import ConfigError
-from train.model import build_model
+from train.loop import checkpoint
+from train.loop.engine import Trainer
+from train.loop.model import build_model
 
 CPU = torch.device("cpu")
 

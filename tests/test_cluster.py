@@ -30,7 +30,7 @@ from tests.conftest import (
     training_at,
     wait_for,
 )
-from train import checkpoint
+from train.loop import checkpoint
 
 TRAIN = 240  # 10 classes x 24; 2 ranks x 120 = 12 batches of 10 each per epoch
 BATCHES_PER_EPOCH = 12

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import compose_config, run_cli
 from train.config import validate
-from train.data.plan import num_workers_for
+from train.data.loader.plan import num_workers_for
 from train.errors import ConfigError
 
 PROFILES = {

@@ -13,7 +13,7 @@ from torchvision.transforms import v2
 
 from train.data.augment import Recipe
 from train.data.datasets import ImageFolderDataset
-from train.data.decode import decode_crop, decode_image_file, decoded_size
+from train.data.fast.decode import decode_crop, decode_image_file, decoded_size
 from train.data.geometry import BoxPlan
 from train.data.samples import Samples
 from train.data.seeds import sample_seeds

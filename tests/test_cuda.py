@@ -16,13 +16,13 @@ import torch
 
 from tests.conftest import compose_config
 from train.data import data_from_config
-from train.data.batch import Batch
-from train.data.prefetcher import DevicePrefetcher
+from train.data.loader.batch import Batch
+from train.data.loader.prefetcher import DevicePrefetcher
 from train.dist import DistEnv
-from train.engine import Trainer
-from train.memory import MemorySampler, gpu_utilization
-from train.metrics import EpochMeter
-from train.model import build_model
+from train.loop.engine import Trainer
+from train.loop.model import build_model
+from train.observe.memory import MemorySampler, gpu_utilization
+from train.observe.meter import EpochMeter
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here (make gpu-check on a GPU)")]
@@ -162,7 +162,7 @@ def test_running_out_of_gpu_memory_halves_the_micro_batch_and_trains_the_same_ba
     cfg = config(tiny_dataset, "trainer.device=cuda", "trainer.precision=auto", "model.name=resnet50",
                  "data.batch_size=256", "data.image_size=224", "trainer.micro_batch_size=auto")
     model = build_model(cfg.model, 10, CUDA, channels_last=True)
-    from train.step import TrainStep
+    from train.loop.step import TrainStep
 
     step = TrainStep.from_config(cfg, DistEnv(), CUDA, model, total_steps=10)
     batch = Batch(torch.randn(256, 3, 224, 224, device=CUDA).contiguous(memory_format=torch.channels_last),

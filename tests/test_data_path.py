@@ -22,16 +22,16 @@ from torchvision.transforms import v2
 from scripts.pack_dataset import pack_split
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
 from train.data import data_from_config
-from train.data.cache import SharedSampleCache
 from train.data.datasets import Cifar10Dataset, ImageFolderDataset
-from train.data.loader import build_sampler
-from train.data.packed import PackedDataset
-from train.data.plan import LoaderPlan
+from train.data.fast.cache import SharedSampleCache
+from train.data.fast.packed import PackedDataset
+from train.data.loader.plan import LoaderPlan
+from train.data.loader.samplers import build_sampler
+from train.data.loader.stream import EpochBatchSampler, build_train_stream
+from train.data.loader.workers import init_worker
 from train.data.samples import Samples
 from train.data.seeds import loader_seed, sample_seed, sample_seeds
-from train.data.stream import EpochBatchSampler, build_train_stream
 from train.data.transforms import MEAN, STD, DirectCompose, fit_square
-from train.data.workers import init_worker
 from train.dist import DistEnv
 from train.errors import ConfigError
 

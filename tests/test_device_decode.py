@@ -22,7 +22,7 @@ from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli, whole_and_resumed
 from train.config import validate
 from train.data import data_from_config
-from train.data.encoded import FLIP, as_stored, place
+from train.data.fast.encoded import FLIP, as_stored, place
 from train.data.geometry import BoxPlan
 from train.data.transforms import MEAN, STD
 from train.dist import DistEnv

@@ -1,5 +1,6 @@
-"""The loader explains itself (train/doctor.py, train/data/stages.py): each bottleneck, injected from outside with
-real workers and real JPEG files, is named by the epoch's diagnosis, and its stage leads the stage shares."""
+"""The loader explains itself (train/observe/doctor.py, train/data/loader/stages.py): each bottleneck, injected from
+outside with real workers and real JPEG files, is named by the epoch's diagnosis, and its stage leads the stage
+shares."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from train.data.augment import Recipe
 from train.data.datasets import ImageFolderDataset
 from train.data.transforms import DirectCompose
 from train.dist import DistEnv
-from train.engine import Trainer
-from train.model import build_model
+from train.loop.engine import Trainer
+from train.loop.model import build_model
 
 CPU = torch.device("cpu")
 
@@ -57,7 +58,7 @@ def run(tiny_dataset, tmp_path, caplog, *overrides: str) -> list[dict]:
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "data.num_workers=1", "trainer.epochs=1", "trainer.progress=false", "logger=[]",
                           "model._target_=tests.tiny_net.TinyNet", *overrides])
-    with caplog.at_level(logging.INFO, logger="train.doctor"), data_from_config(cfg, DistEnv(), CPU) as data:
+    with caplog.at_level(logging.INFO, logger="train.observe.doctor"), data_from_config(cfg, DistEnv(), CPU) as data:
         trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU),
                                       tmp_path)
         trainer.fit()

@@ -8,8 +8,8 @@ from tests.conftest import compose_config, read_metrics
 from train.build import instantiate
 from train.data import data_from_config
 from train.dist import DistEnv
-from train.engine import Trainer
-from train.model import build_model
+from train.loop.engine import Trainer
+from train.loop.model import build_model
 
 CPU = torch.device("cpu")
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, run_cli, wait_for
-from train import checkpoint
+from train.loop import checkpoint
 
 CPU = torch.device("cpu")
 

@@ -28,13 +28,13 @@ from tests.conftest import (
 )
 from tests.test_shards import s3 as s3_server  # noqa: F401  (moto's S3 server with the shards, as a fixture)
 from train.data import build_sources, data_from_config
-from train.data.loader import build_sampler
+from train.data.loader.samplers import build_sampler
 from train.data.mix import MixReadError, MixSource
 from train.data.samples import Samples
 from train.data.source import sample_name
 from train.dist import DistEnv
 from train.errors import ConfigError
-from train.metrics import EPOCH
+from train.observe.metrics import EPOCH
 
 PER_EPOCH, BATCH = 96, 16  # 3:1 of 96: 72 folder samples and 24 from the shards an epoch, 6 batches
 RUN_EPOCH = 960  # a run's epoch: 720 folder samples (3 passes) and 240 from S3 (1 pass), 60 batches of a tiny net
@@ -42,7 +42,7 @@ RUN_EPOCH = 960  # a run's epoch: 720 folder samples (3 passes) and 240 from S3 
 
 def mix_of(folder: Path, shards: Path, cache: Path, samples_per_epoch: int = PER_EPOCH, **kwargs) -> MixSource:
     sources = {"folder": {"_target_": "train.data.datasets.ImageFolderDataset", "root": str(folder), "weight": 3},
-               "shards": {"_target_": "train.data.shards.ShardSource", "root": str(shards), "weight": 1,
+               "shards": {"_target_": "train.data.remote.shards.ShardSource", "root": str(shards), "weight": 1,
                           "cache_dir": str(cache)}}
     return MixSource(sources, "train", seed=7, samples_per_epoch=samples_per_epoch, **kwargs)
 
@@ -138,7 +138,8 @@ def run_args(folder: Path, run_dir: Path, cache: Path, *extra: str) -> list[str]
             f"dataset.samples_per_epoch={RUN_EPOCH}", "~dataset.sources.main",
             "+dataset.sources.folder={_target_: train.data.datasets.ImageFolderDataset, root: '${data.root}', "
             "weight: 3}",
-            "+dataset.sources.s3={_target_: train.data.shards.ShardSource, root: 's3://loadout/shards', weight: 1, "
+            "+dataset.sources.s3={_target_: train.data.remote.shards.ShardSource, root: 's3://loadout/shards', "
+            "weight: 1, "
             f"cache_dir: '{cache}', timeout: '${{data.timeout}}'}}",
             f"hydra.run.dir={run_dir}", *extra]
 

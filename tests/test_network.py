@@ -19,7 +19,7 @@ import pytest
 
 from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import RECORD_SAMPLES, ROOT, assert_each_sample_once, read_metrics, wait_for
-from train import checkpoint
+from train.loop import checkpoint
 
 TRAIN = 240  # 2 nodes x 120 = 12 batches of 10 each per epoch
 A, B = "10.123.7.1", "10.123.7.2"

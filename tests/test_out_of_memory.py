@@ -10,12 +10,12 @@ import torch
 
 from tests.conftest import compose_config, run_cli
 from tests.tiny_net import CUDNN_ALLOC_FAILED
-from train import checkpoint
-from train.data.batch import Batch
+from train.data.loader.batch import Batch
 from train.dist import DistEnv
-from train.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory, said_in_one_line
-from train.model import build_model
-from train.step import TrainStep
+from train.loop import checkpoint
+from train.loop.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory, said_in_one_line
+from train.loop.model import build_model
+from train.loop.step import TrainStep
 
 CPU = torch.device("cpu")
 FAILING_MODEL = "model._target_=tests.tiny_net.AllocFailingNet"

@@ -25,7 +25,7 @@ from tests.conftest import compose_config, read_metrics, run_cli
 from tests.test_shards import nginx_serving
 from train.data import data_from_config
 from train.data.datasets import ImageFolderDataset
-from train.data.parquet import ParquetSource
+from train.data.remote.parquet import ParquetSource
 from train.dist import DistEnv
 from train.errors import ConfigError
 

@@ -13,9 +13,9 @@ from tests.conftest import compose_config, read_metrics, run_cli
 from train.config import validate
 from train.dist import DistEnv
 from train.errors import ConfigError
-from train.model import build_model
-from train.precision import cpu_flags, resolve
-from train.step import TrainStep
+from train.loop.model import build_model
+from train.loop.precision import cpu_flags, resolve
+from train.loop.step import TrainStep
 
 CPU = torch.device("cpu")
 
@@ -66,7 +66,7 @@ def test_a_step_fp16_skips_leaves_the_learning_rate_where_it_was(tiny_dataset):
     step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=10)
     step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     step._scale = step.scaler.get_scale()
-    from train.data.batch import Batch
+    from train.data.loader.batch import Batch
 
     batch = Batch(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3]))
     first = next(model.parameters())

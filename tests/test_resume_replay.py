@@ -1,6 +1,6 @@
-"""What a resume replays from its run dir (train/resume_run.py), driven through the real CLI: a URL whose credentials
-were masked in `.hydra/` is asked for again, never replayed as `***`; the frozen keys are compared as the run
-resolved them; a damaged `.hydra/resumes.yaml` is one line, and it is rewritten whole, never appended in place."""
+"""What a resume replays from its run dir (train/run/resume_run.py), driven through the real CLI: a URL whose
+credentials were masked in `.hydra/` is asked for again, never replayed as `***`; the frozen keys are compared as the
+run resolved them; a damaged `.hydra/resumes.yaml` is one line, and it is rewritten whole, never appended in place."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 
 from tests.conftest import run_cli
 from train.errors import ConfigError
-from train.resume_run import RESUMES, record, replay, saved_overrides
+from train.run.resume_run import RESUMES, record, replay, saved_overrides
 
 SECRET_URL = "https://user:secret@127.0.0.1:1/data"
 

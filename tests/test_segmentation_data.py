@@ -18,9 +18,9 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from train.data.loader.plan import LoaderPlan
+from train.data.loader.ring import build_collate
 from train.data.masks import resize_exact
-from train.data.plan import LoaderPlan
-from train.data.ring import build_collate
 from train.data.samples import Samples
 from train.data.seg_augment import ScaledCrop, SegmentationRecipe
 from train.data.voc import VOC_CLASSES, VOCSegmentation

@@ -1,4 +1,4 @@
-"""The shared-memory batch ring (train/data/ring.py): the same batches as the plain collate, never aliased, and a
+"""The shared-memory batch ring (train/data/loader/ring.py): the same batches as the plain collate, never aliased, and a
 slot is never rewritten before its batch was received, whatever DataLoader does."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import torch
 from torch.utils.data import Dataset, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from train.data.batch import Batch, collate
-from train.data.plan import RING_SPARE_SLOTS, LoaderPlan
-from train.data.ring import ShmRing, build_collate
+from train.data.loader.batch import Batch, collate
+from train.data.loader.plan import RING_SPARE_SLOTS, LoaderPlan
+from train.data.loader.ring import ShmRing, build_collate
+from train.data.loader.stream import EpochBatchSampler
 from train.data.samples import BadSampleError, Samples
-from train.data.stream import EpochBatchSampler
 
 SIZE, BATCH, EPOCHS = 8, 6, 3
 

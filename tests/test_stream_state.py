@@ -17,12 +17,12 @@ from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.conftest import compose_config
-from train import checkpoint
 from train.data import data_from_config
-from train.data.stream import EpochBatchSampler, LoaderPositions
+from train.data.loader.stream import EpochBatchSampler, LoaderPositions
 from train.dist import DistEnv
-from train.engine import Trainer
-from train.model import build_model
+from train.loop import checkpoint
+from train.loop.engine import Trainer
+from train.loop.model import build_model
 
 CPU = torch.device("cpu")
 
@@ -101,7 +101,7 @@ def test_loader_state_for_another_worker_count_resumes_by_position_said_in_one_l
             break
     state = first.state_dict()
     first.close()
-    caplog.set_level(logging.INFO, logger="train.data.stream")
+    caplog.set_level(logging.INFO, logger="train.data.loader.stream")
     resumed = pipeline(tiny_dataset, 0).train
     resumed.load_state_dict(state)  # a 2-worker state into 0 workers
     assert "loader state is for 2 workers, this loader has 0" in caplog.text

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, compose_config
-from train.data.batch import Batch
+from train.data.loader.batch import Batch
 from train.data.source import check_sources
 from train.dist import DistEnv
 from train.errors import ConfigError
-from train.metrics import EPOCH, epoch_line
-from train.progress import Progress
-from train.step import TrainStep
+from train.loop.progress import Progress
+from train.loop.step import TrainStep
+from train.observe.metrics import EPOCH, epoch_line
 from train.task import Classification, build_task
 from train.task.segmentation import Segmentation, scores
 
@@ -110,7 +110,7 @@ def test_an_old_checkpoints_best_val_acc_becomes_the_best():
 
 
 def test_the_old_label_smoothing_key_names_the_new_one():
-    from train.overrides import check_command_line
+    from train.run.overrides import check_command_line
 
     with pytest.raises(ConfigError, match=r"^trainer.label_smoothing: renamed; use task.label_smoothing"):
         check_command_line(["trainer.label_smoothing=0.1"])
@@ -140,7 +140,7 @@ def test_segmentation_trains_a_torchvision_model_through_the_step():
     """A real TrainStep over an untrained LR-ASPP: the loss falls on one batch of masks, evaluation gives figures."""
     cfg = compose_config(["task=segmentation", "hardware=cpu", "trainer.precision=fp32", "optimizer.lr=0.05"])
     assert cfg.model.name == "lraspp_mobilenet_v3_large"  # task=segmentation picks model=segmentation
-    from train.model import build_model
+    from train.loop.model import build_model
 
     task = build_task(cfg)
     try:
@@ -195,7 +195,7 @@ def _evaluate_on_this_rank(out_dir: Path) -> None:
     import torch.distributed as dist
 
     from train.config import TrainerConfig
-    from train.schedule import warmup_cosine
+    from train.loop.schedule import warmup_cosine
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -10,8 +10,8 @@ from tests.conftest import compose_config, read_metrics, run_cli
 from train.data import data_from_config
 from train.data.datasets import Cifar10Dataset
 from train.dist import DistEnv
-from train.engine import Trainer
-from train.model import build_model
+from train.loop.engine import Trainer
+from train.loop.model import build_model
 
 
 def test_cifar10_reads_python_batches(cifar_root):

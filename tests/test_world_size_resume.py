@@ -1,5 +1,5 @@
 """A run stopped mid-epoch at N processes and resumed at M trains the rest of that epoch, each sample once, and then
-epochs as an M-process run from the same seed would (train/data/reshard.py).
+epochs as an M-process run from the same seed would (train/data/loader/reshard.py).
 
 The in-process tests build each rank's real training stream (real DataLoader, real JPEG decoding) at its rank and
 world size and hand the checkpoint's positions from one world size to the other; the slow ones stop real torchrun
@@ -22,12 +22,12 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, compose_config, training_at, wait_for
-from train import checkpoint
 from train.data import data_from_config
-from train.data.stream import LoaderPositions
+from train.data.loader.stream import LoaderPositions
 from train.dist import DistEnv
 from train.errors import ConfigError
-from train.progress import Plan, Progress
+from train.loop import checkpoint
+from train.loop.progress import Plan, Progress
 
 CPU = torch.device("cpu")
 TRAIN, BATCH = 240, 16
@@ -72,7 +72,7 @@ def resume(root: Path, world_size: int, state: dict, *extra: str) -> tuple[list,
 @pytest.mark.parametrize(("before", "after", "done"), [(2, 1, 3), (1, 2, 5), (2, 3, 2)])
 def test_the_rest_of_the_epoch_is_every_untrained_sample_once_then_epochs_as_a_fresh_run(tiny_dataset, caplog,
                                                                                          before, after, done):
-    caplog.set_level(logging.INFO, logger="train.data.stream")
+    caplog.set_level(logging.INFO, logger="train.data.loader.stream")
     first, state = stop([stream(tiny_dataset, r, before) for r in range(before)], 0, done)
     streams, positions = resume(tiny_dataset, after, state)
     assert all(p.batch_in_epoch == len(streams[0]) - -(-(TRAIN - before * done * BATCH) // after // BATCH)

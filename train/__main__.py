@@ -1,11 +1,11 @@
-"""`python -m train [overrides]`: check the command line, compose the config with Hydra, train (train/job.py).
+"""`python -m train [overrides]`: check the command line, compose the config with Hydra, train (train/run/job.py).
 
 `--help` answers before torch or Hydra is imported. Bad overrides fail in one line before Hydra starts (so they write
 nothing), and `trainer.resume=auto hydra.run.dir=<run dir>` replays that run's own overrides under the command
-line's (train/resume_run.py). Under torchrun every rank runs this file; ranks > 0 get quiet Hydra overrides and share
-rank 0's run dir (train/run_dir.py).
+line's (train/run/resume_run.py). Under torchrun every rank runs this file; ranks > 0 get quiet Hydra overrides and
+share rank 0's run dir (train/run/run_dir.py).
 Exit status: 0 done, 2 bad input (one line naming the key), 3 out of memory, 4 diverged (each one line; a retry of the
-same config in the same run dir exits at once: train/no_retry.py), 69 a collective failed (a node or link lost: one
+same config in the same run dir exits at once: train/run/no_retry.py), 69 a collective failed (a node or link lost: one
 line naming the rank), 74 a checkpoint could not be written (make room, then resume), 75 stopped by a signal with a
 checkpoint to resume.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from train.cli_help import text, wants_help
+from train.run.cli_help import CONF, text, wants_help
 
 # Hydra's flags and the values each takes (--info's is optional: one of INFO_CHOICES), kept together when the
 # overrides are moved before them (argparse takes its positional overrides as one run)
@@ -28,7 +28,7 @@ CHECKED_FLAGS = {"--cfg", "-c", "--package", "-p", "--resolve"}  # with others (
 
 def task(cfg) -> None:
     """Hydra's job (imported here, so `--help` never waits for torch)."""
-    from train.job import main
+    from train.run.job import main
 
     main(cfg)
 
@@ -61,8 +61,8 @@ def prepare(argv: list[str]) -> list[str]:
     from train.credentials import without_credentials
     from train.dist import DistEnv, hydra_rank_overrides
     from train.errors import ConfigError
-    from train.overrides import check_command_line
-    from train.resume_run import check_unchanged, replay, resumed_dir
+    from train.run.overrides import check_command_line
+    from train.run.resume_run import check_unchanged, replay, resumed_dir
 
     register()
     quiet = hydra_rank_overrides(DistEnv.from_env())
@@ -93,7 +93,7 @@ def launch(argv: list[str]) -> None:
     import hydra
 
     sys.argv = [sys.argv[0], *prepare(argv)]
-    hydra.main(version_base="1.3", config_path="../conf", config_name="config")(task)()
+    hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")(task)()
 
 
 if __name__ == "__main__":

@@ -72,25 +72,25 @@ class DataConfig:
     cache_bytes: int = 0  # shared-memory cache of decoded training samples (JPEG datasets); 0 = off
     on_bad_sample: str = "warn"  # warn (skip and count) | raise
     # cpu: workers decode | device: workers ship encoded bytes, the batch is decoded on the training device
-    # (torchcodec: batched nvJPEG on CUDA; train/data/encoded.py)
+    # (torchcodec: batched nvJPEG on CUDA; train/data/fast/encoded.py)
     decode: str = "cpu"
     # dataset=shards|parquet: where shards from http(s):// or s3:// are kept on this node (null:
     # ~/.cache/loadout/shards), the cache's bound in bytes (0: none; least recently used shards go), the shards
-    # shuffled together (null: sized from their labels, train/data/shard_order.py: 4 where they look shuffled, enough
-    # to mix label-sorted ones up to 65,536 samples), and how many shards past the one being read are fetched ahead
-    # (0: none)
+    # shuffled together (null: sized from their labels, train/data/remote/shard_order.py: 4 where they look shuffled,
+    # enough to mix label-sorted ones up to 65,536 samples), and how many shards past the one being read are fetched
+    # ahead (0: none)
     shard_cache_dir: str | None = None
     shard_cache_bytes: int = 0
     shuffle_window: int | None = None
     prefetch_shards: int = 8
     # between epochs, more workers (within the cores' share and memory), then a deeper prefetch, where the epoch's
-    # diagnosis says the workers are the bound; fewer when memory nears its limit (train/data/autotune.py)
+    # diagnosis says the workers are the bound; fewer when memory nears its limit (train/data/loader/autotune.py)
     autotune: bool = False
 
 
 @dataclass
 class ProfilerConfig:
-    """trainer.profiler (debug=profiler; train/profiling.py): torch.profiler over `active` steps after `wait` +
+    """trainer.profiler (debug=profiler; train/loop/profiling.py): torch.profiler over `active` steps after `wait` +
     `warmup`."""
 
     enabled: bool = False
@@ -110,9 +110,9 @@ class TrainerConfig:
     epochs: int = 3
     max_steps: int | None = None  # stop after this many optimizer steps in total (smoke runs)
     grad_accum_steps: int = 1
-    precision: str = "auto"  # auto | bf16 | fp16 | fp32 (train/precision.py: auto = bf16 where native)
+    precision: str = "auto"  # auto | bf16 | fp16 | fp32 (train/loop/precision.py: auto = bf16 where native)
     # samples per forward/backward; the optimizer still steps once per data.batch_size batch. null = the whole batch;
-    # auto = the whole batch, halved on running out of GPU memory (train/step.py)
+    # auto = the whole batch, halved on running out of GPU memory (train/loop/step.py)
     micro_batch_size: Any = None
     channels_last: bool = False
     compile: bool = False
@@ -149,9 +149,9 @@ class LoadoutConfig:
     optimizer: Any = None
     scheduler: Any = None
     augment: Any = None
-    # name -> {_target_: importable class, its arguments}: objects the Trainer calls back (train/engine.py)
+    # name -> {_target_: importable class, its arguments}: objects the Trainer calls back (train/loop/engine.py)
     callbacks: dict[str, Any] = field(default_factory=dict)
-    # name -> tracker spec: the `logger` group, a list (logger=[tensorboard,mlflow]); train/trackers/
+    # name -> tracker spec: the `logger` group, a list (logger=[tensorboard,mlflow]); train/observe/trackers/
     logger: dict[str, Any] = field(default_factory=dict)
 
 
@@ -165,7 +165,7 @@ def register() -> None:
     if not OmegaConf.has_resolver("if_cuda"):
         OmegaConf.register_new_resolver("if_cuda", _if_cuda)
     if not OmegaConf.has_resolver("run_dir_name"):
-        from train.run_dir import run_dir_name
+        from train.run.run_dir import run_dir_name
 
         OmegaConf.register_new_resolver("run_dir_name", run_dir_name, use_cache=True)
 

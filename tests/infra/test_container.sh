@@ -135,7 +135,7 @@ docker build --network host --build-arg "BASE_IMAGE=$base" -t "$ngc_base" -f tes
 docker build --network host --build-arg "BASE_IMAGE=$ngc_base" --build-arg TORCH_FROM_BASE=1 \
   --build-arg "UID=$run_uid" --build-arg "GID=$run_gid" -t "$ngc_image" .
 verdict=$(docker run --rm --network none --entrypoint python3 "$ngc_image" -c \
-  'import numpy, torch, train.engine; print(torch.__version__, numpy.__version__)' 2>/dev/null | tail -n1)
+  'import numpy, torch, train.loop.engine; print(torch.__version__, numpy.__version__)' 2>/dev/null | tail -n1)
 [[ $verdict == "2.14.0a0+ngc1a2b3c 2.3.5" ]] || fail "the NGC-style image has torch, numpy: $verdict"
 chown "$run_uid:$run_gid" "$outputs" 2>/dev/null || true
 # shellcheck disable=SC2086 # QUICK is a list of overrides
@@ -256,7 +256,7 @@ HARDWARE=cpu docker-compose run --rm -T -e "EXPECT_IDS=$run_uid:$run_gid" -e "EX
   echo "uid $(id -u), data ro, outputs rw, /dev/shm ${shm_kb} kB, memlock $(ulimit -l), stack 64 MiB"
 ' || fail "container limits"
 # The start-up shm check, for real: quiet with compose's 2 GB, warns under Docker's default 64 MB.
-shm_probe='from train.data.plan import loader_shm_bytes as need; from train.data.shm import warn_if_shm_too_small as w
+shm_probe='from train.data.loader.plan import loader_shm_bytes as need; from train.data.loader.shm import warn_if_shm_too_small as w
 print("warned" if w(need(4, 2, 32 << 20)) else "quiet")'
 verdict=$(HARDWARE=cpu docker-compose run --rm -T --entrypoint python3 train -c "$shm_probe" 2>/dev/null | tail -n1)
 [[ $verdict == quiet ]] || fail "shm check inside train (HARDWARE=cpu, shm_size 2gb) said: $verdict"

@@ -16,20 +16,20 @@ import numpy as np
 import torch
 
 from train.build import fitted_spec, instantiate
-from train.data.activity import ActivityBoard
 from train.data.augment import Recipe
-from train.data.batch import Batch
-from train.data.cache import SharedSampleCache
-from train.data.encoded import device_decoding
-from train.data.loader import build_val_loader, explain_loader_error
+from train.data.fast.cache import SharedSampleCache
+from train.data.fast.encoded import device_decoding
+from train.data.loader.activity import ActivityBoard
+from train.data.loader.batch import Batch
+from train.data.loader.plan import LoaderPlan
+from train.data.loader.prefetcher import DevicePrefetcher
+from train.data.loader.samplers import build_val_loader, explain_loader_error
+from train.data.loader.shm import check_shm, warn_if_shm_too_small
+from train.data.loader.stateful import shutdown_workers
+from train.data.loader.stream import TrainStream, build_train_stream, train_loader
 from train.data.masks import as_mask
-from train.data.plan import LoaderPlan
-from train.data.prefetcher import DevicePrefetcher
 from train.data.samples import Samples
-from train.data.shm import check_shm, warn_if_shm_too_small
 from train.data.source import Offers, Source, check_sources, sample_name
-from train.data.stateful import shutdown_workers
-from train.data.stream import TrainStream, build_train_stream, train_loader
 from train.data.transforms import resize_size
 from train.dist import DistEnv
 from train.errors import ConfigError

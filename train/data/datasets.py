@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from train.data.decode import decode_image_file
+from train.data.fast.decode import decode_image_file
 from train.errors import ConfigError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")

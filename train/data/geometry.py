@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torchvision.transforms import v2
 
-from train.data.decode import dct_scale
+from train.data.fast.decode import dct_scale
 
 CROPS = (v2.RandomCrop, v2.CenterCrop, v2.RandomResizedCrop)
 

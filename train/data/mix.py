@@ -30,10 +30,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from train.build import instantiate
-from train.data.decode import UNREADABLE
+from train.data.fast.decode import UNREADABLE
+from train.data.remote.shard_order import shard_window, window_order
+from train.data.remote.shard_store import ShardError
 from train.data.seeds import MIX, mixed_seed
-from train.data.shard_order import shard_window, window_order
-from train.data.shard_store import ShardError
 from train.data.source import Source, as_uint8_tensor, sample_name
 from train.errors import ConfigError, first_line
 

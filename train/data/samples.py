@@ -33,18 +33,18 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torchvision import tv_tensors
 
-from train.data.activity import ActivityBoard
-from train.data.cache import SharedSampleCache
-from train.data.decode import UNREADABLE, decode_crop, decoded_size, exif_orientation, image_size
-from train.data.encoded import EncodedSample
+from train.data.fast.cache import SharedSampleCache
+from train.data.fast.decode import UNREADABLE, decode_crop, decoded_size, exif_orientation, image_size
+from train.data.fast.encoded import EncodedSample
 from train.data.geometry import BoxPlan
+from train.data.loader.activity import ActivityBoard
+from train.data.loader.stages import AUGMENT, CLOCK, DECODE, READ
+from train.data.loader.workers import one_torch_thread
 from train.data.masks import as_mask, check_mask_size
+from train.data.remote.shard_store import ShardError
 from train.data.seeds import sample_seeds
-from train.data.shard_store import ShardError
 from train.data.source import Offers, Source, as_uint8_tensor, sample_name
-from train.data.stages import AUGMENT, CLOCK, DECODE, READ
 from train.data.transforms import CropFlipPlan, ResizedCropFirst
-from train.data.workers import one_torch_thread
 from train.errors import LoaderError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 validation pipeline (Resize -> CenterCrop), and the normalization on the device.
 
 Workers keep images uint8. With data.device_transforms=true the float conversion and Normalize run on the device
-(`DeviceNormalize`, used by train/data/prefetcher.py), so a quarter of the bytes cross to the GPU; otherwise they
+(`DeviceNormalize`, used by train/data/loader/prefetcher.py), so a quarter of the bytes cross to the GPU; otherwise they
 run here in the workers. Inputs that are already square at the resize size (the packed format, the shared sample
 cache) skip the Resize step: `fit_square` is the one place that makes them.
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from train.data.decode import UNREADABLE, decode_image_file
+from train.data.fast.decode import UNREADABLE, decode_image_file
 from train.data.masks import decode_mask
 from train.errors import ConfigError
 

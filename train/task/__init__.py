@@ -12,10 +12,10 @@ __all__ = ["Classification", "Task", "build_task"]
 
 def build_task(cfg) -> Task:
     """The task of a composed config (`task._target_`; Classification where the config has no task section), its
-    figures added to the metric vocabulary (train/metrics.py) before any sink reads it."""
+    figures added to the metric vocabulary (train/observe/metrics.py) before any sink reads it."""
     from train.build import instantiate
     from train.errors import ConfigError
-    from train.metrics import use_task_figures
+    from train.observe.metrics import use_task_figures
 
     spec = OmegaConf.select(cfg, "task", default=None)
     task = Classification() if spec is None else instantiate("task", spec)

@@ -22,7 +22,7 @@ class Task:
     """The defaults here fit most tasks; a subclass sets `figures`, `best`, `source_needs`, `target_doc` and
     implements `loss`, `eval_counts` and `figures_of`."""
 
-    figures: Sequence = ()  # train/metrics.py Metric rows of the figures `figures_of` returns (besides val_loss)
+    figures: Sequence = ()  # observe/metrics.py Metric rows of the figures `figures_of` returns (besides val_loss)
     best: tuple[str, str] = ("val_loss", "min")  # the figure best.pt follows, and max | min
     source_needs: Mapping[str, str] = {}  # attributes every split must have, the same on both: name -> what it is
     target_name: str = "target"  # what dataset[i][1] is called in an error

@@ -24,8 +24,8 @@ class Classification(Task):
 
     @classmethod
     def metric_rows(cls) -> tuple:
-        # imported here: train/metrics.py names this default task's figures at its own import
-        from train.metrics import Metric
+        # imported here: train/observe/metrics.py names this default task's figures at its own import
+        from train.observe.metrics import Metric
 
         return (Metric("val_acc", "Validation accuracy after the epoch", "loadout_val_accuracy", "val_acc {:.3f}"),
                 Metric("val_top5", "Validation top-5 accuracy after the epoch", "loadout_val_top5_accuracy",

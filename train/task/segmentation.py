@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from train.data.masks import as_mask
-from train.metrics import Metric
+from train.observe.metrics import Metric
 from train.task.base import Task
 
 FIGURES = (

@@ -14,7 +14,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from train.data.loader import explain_loader_error
+from train.data.loader.samplers import explain_loader_error
 from train.errors import ConfigError
 from train.tune.config import register_tune
 from train.tune.measure import RESULT_FILE, measure
@@ -39,7 +39,7 @@ def run_job(cfg: DictConfig) -> dict:
     return record
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="tune")
+@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[2] / "conf"), config_name="tune")
 def main(cfg: DictConfig) -> None:
     try:
         OmegaConf.resolve(cfg)

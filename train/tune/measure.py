@@ -1,7 +1,7 @@
 """One tune job: build the real data path (train.data.build_data), run `tune.repeats` epochs of it and return the
 result record: steady-state images/s (warm-up excluded; median and spread over the epochs), the first-batch latency
 of every epoch, peak PSS of the main process plus workers, peak /dev/shm use and, with tune.with_model=true, the
-data-wait fraction of real training steps (train/step.py). Every figure is train/metrics.py's definition.
+data-wait fraction of real training steps (train/loop/step.py). Every figure is train/observe/metrics.py's definition.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from tqdm import tqdm
 from train.build import instantiate
 from train.config import _fail, drop_worker_knobs
 from train.data import build_data, build_sources
-from train.data.plan import LoaderPlan
+from train.data.loader.plan import LoaderPlan
 from train.device import select_device
 from train.dist import DistEnv, seed_everything
-from train.memory import MIB, MemorySampler
-from train.metrics import EpochMeter
-from train.model import build_model
-from train.step import TrainStep
+from train.loop.model import build_model
+from train.loop.step import TrainStep
+from train.observe.memory import MIB, MemorySampler
+from train.observe.meter import EpochMeter
 from train.task import build_task
 from train.tune.config import validate_tune
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from train.data.plan import usable_cores
+from train.data.loader.plan import usable_cores
 
 log = logging.getLogger(__name__)
 

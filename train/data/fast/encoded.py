@@ -1,0 +1,218 @@
+"""data.decode=device: workers ship each sample's encoded bytes and its crop box; the main process decodes the whole
+batch on the training device (torchcodec: batched nvJPEG on CUDA, libjpeg-turbo on a CPU) and resizes, crops and
+flips it there.
+
+The box is drawn in the worker (samples.py) with the same torch RNG calls the CPU pipeline makes on the image it
+would decode (transforms.DirectCompose; the DCT-scaled size where data.scaled_decode applies), from the header
+alone: a device-decoded run crops the same boxes as a CPU-decoded one of the same seed, and a resumed run the same
+pixels. A file the device decoder refuses (not a JPEG, or one nvJPEG cannot decode) is decoded on the CPU instead and
+counted (`Batch.decode_fallbacks`).
+
+torchcodec turns every JPEG upright by its EXIF orientation (a phone photo tagged "rotate 90" comes out W x H), while
+the CPU path keeps pixels as stored (decode.py says why) and the boxes are drawn on the stored size. The worker reads
+the tag with the header; the decoder undoes the turn before anything else, so both paths crop the same pixels.
+
+The batch is placed in a few calls rather than a few per image (each a kernel launch or more on CUDA): the images of
+one size bound for one size go through one resize, the crops of one size (RandomResizedCrop) through another, the
+flipped crops through one flip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torchvision.transforms.v2 import functional as F
+
+from train.data.fast.decode import JPEG_MAGIC, UNREADABLE, decode_image_file
+from train.data.geometry import BoxPlan
+from train.data.loader.plan import LoaderPlan
+from train.data.source import Offers
+from train.errors import ConfigError, first_line
+
+log = logging.getLogger(__name__)
+EMPTY_IMAGES = torch.empty(0, dtype=torch.uint8)  # an encoded batch's images, until the device decodes them
+
+# One sample's geometry, an int64 row: the stored size, the size the CPU path decodes at, the size its Resize gives
+# (the decoded size without one), the crop box in those coordinates, the output size, the flip, whether the
+# pipeline resizes before it crops, and the file's EXIF orientation (1: none).
+STORED_H, STORED_W, DECODED_H, DECODED_W, RESIZED_H, RESIZED_W, TOP, LEFT, CROP_H, CROP_W, OUT_H, OUT_W, FLIP, \
+    RESIZES, ORIENTATION = range(15)
+
+RESIZE_GROUP = 32  # images resized in one call at most: larger stacks of full-size images fall out of a CPU's caches
+
+# What turns an image torchcodec decoded upright by EXIF orientation 2-8 (as PIL's ImageOps.exif_transpose does)
+# back to its stored pixels, on (C, H, W): the inverse of each mirroring or quarter turn.
+TO_STORED = {
+    2: lambda image: image.flip(-1),
+    3: lambda image: image.flip(-2, -1),
+    4: lambda image: image.flip(-2),
+    5: lambda image: image.transpose(-2, -1),
+    6: lambda image: image.rot90(1, (-2, -1)),  # shown turned 90 degrees clockwise: turned back
+    7: lambda image: image.flip(-2, -1).transpose(-2, -1),
+    8: lambda image: image.rot90(-1, (-2, -1)),
+}
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    """What a worker hands over for one sample under data.decode=device."""
+
+    data: bytes
+    geometry: tuple[int, ...]
+
+
+@dataclass
+class Encoded:
+    """A batch's encoded files back to back in `data` (uint8), file i at offsets[i]:offsets[i + 1], and their
+    geometry rows (n, 14)."""
+
+    data: torch.Tensor
+    offsets: np.ndarray
+    geometry: np.ndarray
+
+    @classmethod
+    def join(cls, samples: list[EncodedSample], out: torch.Tensor | None = None) -> Encoded:
+        """The samples' bytes concatenated (into `out`, a ring slot, when given)."""
+        sizes = [len(sample.data) for sample in samples]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        data = torch.empty(int(offsets[-1]), dtype=torch.uint8) if out is None else out[:int(offsets[-1])]
+        view = data.numpy()
+        for sample, start, stop in zip(samples, offsets[:-1], offsets[1:], strict=True):
+            view[start:stop] = np.frombuffer(sample.data, dtype=np.uint8)
+        return cls(data, offsets, np.array([sample.geometry for sample in samples], dtype=np.int64))
+
+    def files(self) -> list[torch.Tensor]:
+        return [self.data[start:stop] for start, stop in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+
+
+class DeviceDecoder:
+    """Encoded batches to uint8 (N, 3, H, W) images on `device`, with the number of files decoded on the CPU and
+    the positions of those no decoder could read (their header was whole, the rest not): the caller drops them."""
+
+    def __init__(self, device: torch.device):
+        from torchcodec.decoders import decode_jpeg  # checked at build time (config: data.decode)
+
+        self.device, self.decode_jpeg = device, decode_jpeg
+
+    def __call__(self, encoded: Encoded) -> tuple[torch.Tensor, int, list[int]]:
+        files, rows = encoded.files(), encoded.geometry
+        jpeg = [bytes(f[:3].numpy()) == JPEG_MAGIC for f in files]
+        images: list[torch.Tensor | None] = [None] * len(files)
+        batch = [i for i, is_jpeg in enumerate(jpeg) if is_jpeg]
+        try:
+            for i, image in zip(batch, self.decode_jpeg([files[i] for i in batch], device=self.device), strict=True):
+                images[i] = as_stored(image, rows[i])
+        except RuntimeError:  # one file the batched decoder refuses fails the batch: each on its own
+            for i in batch:
+                with contextlib.suppress(RuntimeError):  # left None: decoded on the host below
+                    images[i] = as_stored(self.decode_jpeg(files[i], device=self.device), rows[i])
+        fallbacks, unreadable = 0, []
+        for i, image in enumerate(images):
+            if image is None:  # not a JPEG, or refused: libjpeg-turbo / PIL on the host, whole, as stored
+                try:
+                    images[i] = decode_image_file(files[i].numpy().tobytes()).to(self.device)
+                    fallbacks += 1
+                except UNREADABLE as err:
+                    log.warning("skipping unreadable sample %d of the batch (decode on the device): %s", i, err)
+                    unreadable.append(i)
+        kept = [i for i, image in enumerate(images) if image is not None]
+        if not kept:
+            return EMPTY_IMAGES.to(self.device), fallbacks, unreadable
+        return place([images[i] for i in kept], rows[kept]), fallbacks, unreadable
+
+
+def as_stored(image: torch.Tensor, row: np.ndarray) -> torch.Tensor | None:
+    """An image torchcodec decoded (upright by its EXIF orientation) as stored; None where that is not the stored
+    size (torchcodec read another tag than PIL did): the host decodes that file instead."""
+    orientation = int(row[ORIENTATION])
+    image = TO_STORED[orientation](image) if orientation in TO_STORED else image
+    return image if tuple(image.shape[-2:]) == (row[STORED_H], row[STORED_W]) else None
+
+
+def stored_box(row: list[int]) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of a row's crop in the image it is cut from: the resized one, or the stored one
+    where the CPU path crops a DCT-scaled decode (the same box, scaled to the stored size)."""
+    top, left, height, width = row[TOP], row[LEFT], row[CROP_H], row[CROP_W]
+    if not row[RESIZES] and (row[DECODED_H], row[DECODED_W]) != (row[STORED_H], row[STORED_W]):
+        scale_h, scale_w = row[STORED_H] / row[DECODED_H], row[STORED_W] / row[DECODED_W]
+        top, left = round(top * scale_h), round(left * scale_w)
+        height, width = round(height * scale_h), round(width * scale_w)
+    return top, left, height, width
+
+
+def resized_together(images: list[torch.Tensor], sizes: list[tuple[int, int] | None]) -> list[torch.Tensor]:
+    """`images` resized to `sizes` (None: kept), antialiased as the CPU path resizes: the images of one size bound
+    for one size stacked and resized in one call, RESIZE_GROUP at a time."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (image, size) in enumerate(zip(images, sizes, strict=True)):
+        if size is not None and tuple(image.shape[-2:]) != size:
+            groups.setdefault((tuple(image.shape), size), []).append(i)
+    out = list(images)
+    for (_, size), members in groups.items():
+        for start in range(0, len(members), RESIZE_GROUP):
+            chunk = members[start:start + RESIZE_GROUP]
+            stacked = torch.stack([images[i] for i in chunk]) if len(chunk) > 1 else images[chunk[0]][None]
+            for i, image in zip(chunk, F.resize(stacked, list(size), antialias=True), strict=True):
+                out[i] = image
+    return out
+
+
+def flipped_together(images: list[torch.Tensor], flips: list[int]) -> list[torch.Tensor]:
+    """`images` with those at `flips` mirrored left-right, stacked and flipped in one call (indexing the batch
+    instead would copy the indices to the device and wait for it)."""
+    out = list(images)
+    if flips:
+        for i, image in zip(flips, torch.stack([images[i] for i in flips]).flip(-1), strict=True):
+            out[i] = image
+    return out
+
+
+def place(images: list[torch.Tensor], rows: np.ndarray) -> torch.Tensor:
+    """Decoded images (stored orientation and size) through their geometry rows as the CPU path transforms each:
+    resized, cropped, resized to the output size (RandomResizedCrop), flipped; one uint8 batch (N, 3, OUT_H, OUT_W),
+    in a few calls per batch rather than a few per image."""
+    rows = rows.tolist()
+    images = resized_together(images, [(r[RESIZED_H], r[RESIZED_W]) if r[RESIZES] else None for r in rows])
+    crops = []
+    for image, row in zip(images, rows, strict=True):
+        top, left, height, width = stored_box(row)
+        crops.append(image[:, top:top + height, left:left + width])
+    crops = resized_together(crops, [(r[OUT_H], r[OUT_W]) for r in rows])
+    return torch.stack(flipped_together(crops, [i for i, r in enumerate(rows) if r[FLIP]]))
+
+
+def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device: torch.device) \
+        -> tuple[tuple[BoxPlan, BoxPlan], LoaderPlan, DeviceDecoder]:
+    """data.decode=device, checked before any worker starts: each split's BoxPlan, the loader plan with room for a
+    batch of encoded files in the ring, and the decoder; what cannot run fails in one line."""
+    for source in sources:
+        if not Offers.of(source).read_encoded:
+            raise ConfigError(f"data.decode=device: {type(source).__name__} offers no `read_encoded` "
+                              "(train/data/source.py), so it has no encoded files to ship; use data.decode=cpu")
+    boxes = tuple(BoxPlan.of(transform) for transform in transforms)
+    if None in boxes:
+        raise ConfigError("data.decode=device: the device runs [Resize ->] RandomCrop or CenterCrop -> flip, or "
+                          "RandomResizedCrop -> flip (augment=crop_flip or imagenet); this recipe has other steps: "
+                          "use data.decode=cpu")
+    try:
+        decoder = DeviceDecoder(device)
+    except ImportError as err:
+        raise ConfigError(f"data.decode=device needs torchcodec ({first_line(err)}): pip install "
+                          "'loadout[device-decode]' (it needs torch >= 2.11), or use data.decode=cpu") from err
+    except (OSError, RuntimeError) as err:  # its libraries load against torch's: another CUDA major, another ABI
+        cuda = torch.version.cuda or "none"
+        raise ConfigError(f"data.decode=device: torchcodec does not load ({first_line(err)}); it needs torch >= 2.11 "
+                          f"and a torchcodec built for torch's CUDA major (this torch: CUDA {cuda}), from the index "
+                          "torch came from; or use data.decode=cpu") from err
+    train = sources[0]
+    # the first shard alone where the source is sharded: a remote store is not read wholesale at start
+    last = int(train.shard_starts[1]) if Offers.of(train).shard_starts else len(train)
+    probe = np.linspace(0, last - 1, num=min(last, 64)).astype(int).tolist()
+    largest = max(len(train.read_encoded(index)[0]) for index in probe)
+    # a batch of the largest files seen, twice over; a larger batch takes the plain collate (ring.py warns)
+    return boxes, dataclasses.replace(plan, encoded_batch_bytes=2 * largest * plan.batch_size), decoder

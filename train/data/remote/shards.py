@@ -1,0 +1,191 @@
+"""dataset=shards: WebDataset tar shards, on a local disk, over HTTP or in an S3-compatible store, read map-style.
+
+Each shard gets an index of its members' offsets (as `wids` does), built in one pass as a remote shard's bytes
+arrive, or from a local shard's headers (tar_index.py), and cached beside the shard cache, so sample i is a seek and
+a read like any other source's: the sampler, per-sample seeding, the ring, data.decode=device and exact resume work
+unchanged. A sample is the members sharing a key (`dir/stem.ext`): its image (`.jpg`, `.jpeg`, `.png` or `.webp`)
+and its class (`.cls`, an integer, or `.json` with "label" or "cls"); other members are ignored.
+Shards written by the `webdataset` library's ShardWriter read as they are.
+
+Shards and classes come from `<root>/_info.json` (timm's convention, what scripts/make_shards.py writes:
+{"classes": [...], "splits": {"train": {"filenames": [...], "shard_lengths": [...]}, ...}}), else from a listing of
+`<root>/<split>/*.tar` (a local folder or S3; HTTP needs the _info.json; without its counts every shard is indexed
+at start). The training order reads shards mostly in sequence (loader.ShardWindowSampler), a window of them at a
+time sized from how mixed their labels are (shard_order.py, data.shuffle_window): `label_spread` looks at a few
+shards' labels, or reads `labels_per_shard` (distinct labels of each shard) from _info.json where make_shards.py
+wrote it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tarfile
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from train.data.fast.decode import decode_image_file
+from train.data.remote.shard_listing import check_present, list_shards
+from train.data.remote.shard_order import LabelSpread, label_spread, spread_of_labels
+from train.data.remote.shard_store import ShardError, ShardStore, is_remote
+from train.data.remote.tar_index import TarIndexer, index_file
+from train.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+INDEX_VERSION = 1
+
+
+class ShardSource:
+    """One split of a sharded dataset (train/data/source.py's interface): `classes`, `read_encoded`, `min_side`,
+    `paths` (`<shard URL>#<n>`), `shard_starts` (the first sample of each shard) and `fetch_shard`.
+
+    With the sample counts from `_info.json`, nothing is read at build time but that file and a listing (every shard
+    there, check_present): a shard is fetched and indexed when the order first reaches it (fetch_ahead.py does that
+    ahead of the workers), and a process keeps the indexes of the last shards it read (a window's worth). Without counts
+    every shard is indexed first (fetched, when remote). No labels array is offered (they sit in the shards), so
+    data.sampler=weighted is refused; `label_spread` says how mixed the shards' labels are (the order's window)."""
+
+    INDEXES_HELD = 64  # at least this many indexes held, and more while they hold at most SAMPLES_HELD samples:
+    SAMPLES_HELD = 1 << 17  # a window of label-sorted shards (up to shard_order.MOST_SAMPLES) is read at once
+    SHARDS_HELD = 4096  # at most this many, however small (each costs some hundred bytes besides its samples)
+    LABELS_LOOKED_AT = 8  # shards whose labels `label_spread` looks at, without counts in _info.json
+
+    def __init__(self, root: str, split: str = "train", cache_dir: str | None = None, cache_bytes: int = 0,
+                 min_side: int | None = None, timeout: float | None = None):
+        root = str(root).rstrip("/")
+        self.store = ShardStore(cache_dir, cache_bytes, timeout)
+        urls, classes, lengths, distinct = list_shards(root, split)
+        self.urls = np.array(urls)  # an array, not a list: workers never copy its pages (datasets.py)
+        if lengths is None or classes is None:
+            log.info("data.root=%s: no sample counts or classes in an _info.json: indexing the %d %s shards now%s",
+                     root, len(urls), split, " (each fetched into the cache)" if is_remote(root) else "")
+            indexes = [self._index(shard) for shard in range(len(urls))]
+            lengths = [len(index["labels"]) for index in indexes]
+            highest = max((int(index["labels"].max()) for index in indexes if len(index["labels"])), default=-1)
+            classes = classes or [str(i) for i in range(highest + 1)]
+            distinct = [len(np.unique(index["labels"])) for index in indexes]
+        else:
+            check_present(root, urls)
+        if not sum(lengths):
+            raise ConfigError(f"data.root={root}: the {split} shards hold no image with a .cls or .json label")
+        self.shard_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.classes = list(classes)
+        if distinct is not None and len(distinct) != len(urls):
+            raise ConfigError(f"data.root={root}: _info.json's labels_per_shard has {len(distinct)} entries for "
+                              f"{len(urls)} {split} shards: fix it or leave it out")
+        self._spread = None if distinct is None else [label_spread(distinct, lengths, len(self.classes))]
+        self.paths = SamplePaths(self.urls, self.shard_starts)
+        self.min_side = min_side
+        self._held: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()  # this process's recent indexes
+        self._held_samples = 0
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_held": OrderedDict(), "_held_samples": 0}
+
+    def __len__(self) -> int:
+        return int(self.shard_starts[-1])
+
+    def label_spread(self) -> LabelSpread | None:
+        """How mixed the shards' labels are: from _info.json's `labels_per_shard`, else from the labels of
+        LABELS_LOOKED_AT shards spread over the list (the same ones on every rank and run; indexed, fetched into the
+        node cache when remote, 4 at a time). The training order sizes its window by it (shard_order.py)."""
+        if self._spread is None:
+            shards = len(self.urls)
+            picks = np.unique(np.linspace(0, shards - 1, min(self.LABELS_LOOKED_AT, shards)).round().astype(int))
+            with ThreadPoolExecutor(4) as pool:
+                labels = list(pool.map(lambda shard: self._index(int(shard))["labels"], picks))
+            self._spread = [spread_of_labels(labels, len(self.classes))]
+        return self._spread[0]
+
+    def fetch_shard(self, shard: int) -> None:
+        """The shard's copy and index onto this node (the fetch-ahead thread calls this before the workers read)."""
+        self._index(shard)
+        self.store.local(str(self.urls[shard]))
+
+    def _index(self, shard: int) -> dict[str, np.ndarray]:
+        """The shard's index from the cache, else built from its local copy and cached (atomically)."""
+        url = str(self.urls[shard])
+        cached = self.store.cached(url, ".index.npz")
+        local = None if is_remote(url) else Path(url.removeprefix("file://"))
+        if local is not None and not local.is_file():
+            raise ShardError(f"shard {url} does not exist (listed in the _info.json of data.root)", url)
+        stamp = 0 if local is None else local.stat().st_mtime_ns
+        if cached.exists():
+            with np.load(cached) as saved:
+                if int(saved["version"]) == INDEX_VERSION and int(saved["stamp"]) == stamp:
+                    return {key: saved[key] for key in ("keys", "offsets", "sizes", "labels")}
+        try:
+            if local is not None:
+                index = index_file(local)
+            else:  # indexed as the bytes arrive, where this call downloads it
+                started: list[TarIndexer] = []
+                path = self.store.local(url, lambda: started.append(TarIndexer(url)) or started[-1].feed)
+                index = started[-1].finish() if started else index_file(path)
+        except (tarfile.TarError, OSError) as err:
+            if isinstance(err, ShardError):
+                raise
+            raise ShardError(f"shard {url} is not a readable tar file ({err})", url) from err
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f"{cached.name}.{os.getpid()}-{threading.get_ident()}.npz")
+        np.savez(partial, version=INDEX_VERSION, stamp=stamp, **index)
+        partial.replace(cached)
+        return index
+
+    def members(self, shard: int) -> dict[str, np.ndarray]:
+        """The shard's index, held by this process while it is among the last read (INDEXES_HELD, or more up to
+        SAMPLES_HELD samples and SHARDS_HELD shards: a window's shards are read side by side)."""
+        index = self._held.get(shard)
+        if index is None:
+            index = self._held[shard] = self._index(shard)
+            expected = int(self.shard_starts[shard + 1] - self.shard_starts[shard])
+            if len(index["labels"]) != expected:
+                log.warning("shard %s holds %d readable samples, _info.json says %d", self.urls[shard],
+                            len(index["labels"]), expected)
+            self._held_samples += len(index["labels"])
+            while len(self._held) > self.INDEXES_HELD and (
+                    self._held_samples > self.SAMPLES_HELD or len(self._held) > self.SHARDS_HELD):
+                self._held_samples -= len(self._held.popitem(last=False)[1]["labels"])
+        else:
+            self._held.move_to_end(shard)
+        return index
+
+    def read_encoded(self, index: int) -> tuple[bytes, int]:
+        """The sample's encoded image and its label: a seek and a read in its shard's local copy."""
+        shard = int(np.searchsorted(self.shard_starts, index, side="right")) - 1
+        url, members = str(self.urls[shard]), self.members(shard)
+        position = index - int(self.shard_starts[shard])
+        if position >= len(members["labels"]):
+            raise OSError(f"shard {url} holds {len(members['labels'])} readable samples, not sample {position} "
+                          "(truncated, or _info.json counts more)")
+        try:
+            f = open(self.store.local(url), "rb")  # noqa: SIM115 (closed below)
+        except FileNotFoundError:  # evicted by another process since this one last read it: fetched again
+            self.store.forget(url)
+            f = open(self.store.local(url), "rb")  # noqa: SIM115
+        with f:
+            f.seek(int(members["offsets"][position]))
+            data = f.read(int(members["sizes"][position]))
+        if len(data) != members["sizes"][position]:
+            raise OSError(f"shard {url} ends inside sample {position} (truncated)")
+        return data, int(members["labels"][position])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        data, label = self.read_encoded(index)
+        return decode_image_file(data, self.min_side), label
+
+
+class SamplePaths:
+    """`paths[i]` = `<shard URL>#<n>`, sample n of its shard: how a bad or stuck sample is named (source.py)."""
+
+    def __init__(self, urls: np.ndarray, starts: np.ndarray):
+        self.urls, self.starts = urls, starts
+
+    def __getitem__(self, index: int) -> str:
+        shard = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return f"{self.urls[shard]}#{index - int(self.starts[shard])}"

@@ -1,0 +1,1 @@
+"""The training loop: the step, the epoch, evaluation, checkpoints, signals, and the model and schedule builders."""
