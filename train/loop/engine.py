@@ -93,7 +93,7 @@ class Trainer:
         name = OmegaConf.select(cfg, "model.name", default=None)
         return cls(tc, env, device, data, step, plan, run_dir, monitor, stop, callbacks,
                    model_name=f"model.name={name}" if name else f"model._target_={cfg.model._target_}",
-                   doctor=Doctor(Machine.of(cfg.data, data.plan, data.source, device)),
+                   doctor=Doctor(Machine.of(cfg.data, data.plan, data.source, device, cfg.trainer)),
                    autotune=bool(cfg.data.get("autotune", False)))
 
     def _call(self, hook: str, *args) -> None:

@@ -46,13 +46,27 @@ class Machine:
     image_size: int = 224
     store: bool = False  # shards or a store the loader fetches from (data.prefetch_shards applies)
     stored_pixels: bool = False  # packed or decoded samples: nothing to decode
+    faster_step: tuple[str, ...] = ("a larger data.batch_size",)  # what a compute-bound run could still change
 
     @classmethod
-    def of(cls, data, plan, source, device: torch.device) -> Machine:
+    def of(cls, data, plan, source, device: torch.device, trainer=None) -> Machine:
         offers = Offers.of(source)
         return cls(device.type, usable_cores(), plan.num_workers, plan.pin_memory, bool(data.device_transforms),
                    str(data.decode), int(data.cache_bytes), bool(data.scaled_decode), int(data.prefetch_shards),
-                   plan.image_size, offers.fetch_shard, offers.decoded or offers.read_crops)
+                   plan.image_size, offers.fetch_shard, offers.decoded or offers.read_crops, faster_step(trainer))
+
+
+def faster_step(trainer) -> tuple[str, ...]:
+    """The step's settings not yet at their faster choice (`trainer`: the trainer section), then the batch size."""
+    options = []
+    if trainer is not None:
+        if str(trainer.precision) == "fp32":
+            options.append("trainer.precision=auto (bf16 where the device runs it natively)")
+        if not trainer.compile:
+            options.append("trainer.compile=true")
+        if not trainer.channels_last:
+            options.append("trainer.channels_last=true")
+    return (*options, "a larger data.batch_size")
 
 
 def per_sample(stages: dict[str, float], record: dict) -> dict[str, float] | None:
@@ -149,8 +163,7 @@ def diagnose(times: dict[str, float], wait_frac: float, machine: Machine) -> tup
         if headroom >= HEADROOM:
             return "compute", (f"compute-bound: the step takes {step_s * 1e3:.2f} ms a sample and the loader could "
                                f"feed {headroom:.1f}x that pace (waited {wait_frac:.0%}): a faster step helps "
-                               "(trainer.precision=bf16, trainer.compile=true, trainer.channels_last=true, a larger "
-                               "data.batch_size); the loader needs no change")
+                               f"({', '.join(machine.faster_step)}); the loader needs no change")
         return "keeps up", (f"the loader keeps up (waited {wait_frac:.0%}, {headroom:.1f}x the step's pace): "
                             "nothing to change")
     stage = max(WORKER_STAGES, key=times.get) if slowest == "workers" else slowest
