@@ -14,9 +14,10 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
 from train.build import instantiate
-from train.config import drop_worker_knobs, validate
+from train.config import validate
 from train.data import build_sources, data_from_config
 from train.data.augment import BatchMix
+from train.data.config import drop_worker_knobs
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.loop import checkpoint
@@ -303,8 +304,8 @@ def test_every_source_goes_through_one_sample_path_packed_included(tiny_dataset,
 def test_a_train_step_is_built_from_typed_parts_without_hydra():
     from functools import partial
 
-    from train.config import TrainerConfig
     from train.data.loader.batch import Batch
+    from train.loop.config import TrainerConfig
     from train.loop.schedule import warmup_cosine
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))

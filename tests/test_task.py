@@ -194,7 +194,7 @@ def _evaluate_on_this_rank(out_dir: Path) -> None:
 
     import torch.distributed as dist
 
-    from train.config import TrainerConfig
+    from train.loop.config import TrainerConfig
     from train.loop.schedule import warmup_cosine
 
     dist.init_process_group("gloo")

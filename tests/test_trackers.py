@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from tests.conftest import RECORD_SAMPLES, ROOT, free_port, read_metrics, run_cli, training_at, wait_for
-from train.config import TrainerConfig
 from train.data.loader.batch import Batch
 from train.dist import DistEnv
+from train.loop.config import TrainerConfig
 from train.loop.schedule import warmup_cosine
 from train.loop.step import TrainStep
 

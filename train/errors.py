@@ -76,3 +76,13 @@ def first_line(err: BaseException, limit: int = 300) -> str:
     """An error's first line (its type's name when it has no text): how a one-line message quotes its cause."""
     text = str(err).strip()
     return text.splitlines()[0][:limit] if text else type(err).__name__
+
+
+def shown(value) -> str:
+    """A value as it is typed on the command line: null, true, 'text', 2."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def bad_value(key: str, value, fix: str) -> None:
+    """Raise the one line for a bad setting: `key=value: fix`."""
+    raise ConfigError(f"{key}={shown(value)}: {fix}")

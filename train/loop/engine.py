@@ -17,7 +17,6 @@ import torch
 from omegaconf import OmegaConf
 
 from train.build import instantiate
-from train.config import TrainerConfig
 from train.data import DataPipeline
 from train.data.augment import Recipe
 from train.data.loader.autotune import Autotune
@@ -27,6 +26,7 @@ from train.data.loader.stream import LoaderPositions
 from train.dist import DistEnv, any_rank, barrier
 from train.errors import Diverged
 from train.loop import checkpoint
+from train.loop.config import TrainerConfig
 from train.loop.epoch_batches import EpochBatches, batches_per_epoch
 from train.loop.micro_batch import said_in_one_line
 from train.loop.profiling import StepProfiler

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from train.config import ProfilerConfig
 from train.dist import DistEnv
+from train.loop.config import ProfilerConfig
 
 log = logging.getLogger(__name__)
 VIEWERS = "open it in https://ui.perfetto.dev or chrome://tracing"

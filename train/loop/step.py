@@ -25,13 +25,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from train.build import instantiate
-from train.config import TrainerConfig
 from train.data.loader.batch import Batch
 from train.dist import DistEnv, all_reduce_max, all_reduce_sum
 from train.errors import Diverged
 from train.loop import precision
 from train.loop.buffers import broadcast_from_rank0
 from train.loop.compiled import CompiledModel
+from train.loop.config import TrainerConfig
 from train.loop.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory
 from train.loop.nonfinite import SCALE_FLOOR, NonFiniteWatch
 from train.task import Classification, Task, build_task

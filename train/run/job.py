@@ -15,8 +15,9 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from train.config import drop_worker_knobs, validate
+from train.config import validate
 from train.credentials import mask_credentials_in_files, mask_credentials_in_logs, without_credentials
+from train.data.config import drop_worker_knobs
 from train.dist import DistEnv
 from train.errors import RESUMABLE_EXIT, Failure, LostPeer, OutOfDeviceMemory
 from train.loop.micro_batch import is_out_of_memory

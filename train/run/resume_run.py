@@ -21,9 +21,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from train.config import shown
 from train.credentials import without_credentials
-from train.errors import ConfigError, first_line
+from train.errors import ConfigError, first_line, shown
 
 RESUMES = "resumes.yaml"
 MASKED = "://***@"  # a URL's credentials as train/credentials.py leaves them in .hydra/

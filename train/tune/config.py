@@ -16,9 +16,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from train.config import _fail, drop_worker_knobs, register, validate
+from train.config import register, validate
+from train.data.config import drop_worker_knobs
 from train.data.loader.plan import usable_cores
-from train.errors import ConfigError
+from train.errors import ConfigError, bad_value
 
 
 @dataclass
@@ -50,17 +51,17 @@ def validate_tune(cfg) -> None:
     validate(cfg)
     tune = cfg.tune
     if tune.repeats < 1:
-        _fail("tune.repeats", tune.repeats, "use an integer >= 1 (3 or more shows persistent workers' effect)")
+        bad_value("tune.repeats", tune.repeats, "use an integer >= 1 (3 or more shows persistent workers' effect)")
     if tune.warmup_batches < 0:
-        _fail("tune.warmup_batches", tune.warmup_batches, "use an integer >= 0")
+        bad_value("tune.warmup_batches", tune.warmup_batches, "use an integer >= 0")
     if tune.batches is not None and tune.batches < 1:
-        _fail("tune.batches", tune.batches, "use a positive integer, or null for the rest of each epoch")
+        bad_value("tune.batches", tune.batches, "use a positive integer, or null for the rest of each epoch")
     if tune.memory_budget_mb is not None and tune.memory_budget_mb <= 0:
-        _fail("tune.memory_budget_mb", tune.memory_budget_mb, "use a positive number of MiB, or null for no limit")
+        bad_value("tune.memory_budget_mb", tune.memory_budget_mb, "use a positive number of MiB, or null for no limit")
     if not 0 <= tune.tolerance < 1:
-        _fail("tune.tolerance", tune.tolerance, "use a fraction in [0, 1), e.g. 0.05")
+        bad_value("tune.tolerance", tune.tolerance, "use a fraction in [0, 1), e.g. 0.05")
     if tune.memory_interval_s <= 0:
-        _fail("tune.memory_interval_s", tune.memory_interval_s, "use a positive number of seconds")
+        bad_value("tune.memory_interval_s", tune.memory_interval_s, "use a positive number of seconds")
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:

@@ -19,11 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from train.build import instantiate
-from train.config import _fail, drop_worker_knobs
 from train.data import build_data, build_sources
+from train.data.config import drop_worker_knobs
 from train.data.loader.plan import LoaderPlan
 from train.device import select_device
 from train.dist import DistEnv, seed_everything
+from train.errors import bad_value
 from train.loop.model import build_model
 from train.loop.step import TrainStep
 from train.observe.memory import MIB, MemorySampler
@@ -135,7 +136,7 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
                           channels_last=cfg.trainer.channels_last)
     loader = pipeline.train
     if len(loader) <= tune.warmup_batches:
-        _fail("tune.warmup_batches", tune.warmup_batches,
+        bad_value("tune.warmup_batches", tune.warmup_batches,
               f"the train loader has only {len(loader)} batches per epoch: lower it, or data.batch_size")
     dataset = {"name": cfg.dataset._target_.rsplit(".", 1)[-1], "root": cfg.data.root, "batches_per_epoch": len(loader),
                "images_per_epoch": len(loader) * cfg.data.batch_size}

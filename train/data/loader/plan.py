@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from train.config import WORKER_ONLY_KNOBS
+from train.data.config import WORKER_ONLY_KNOBS
 from train.dist import DistEnv
 
 log = logging.getLogger(__name__)
