@@ -31,6 +31,7 @@ from train.loop.epoch_batches import EpochBatches, batches_per_epoch
 from train.loop.micro_batch import said_in_one_line
 from train.loop.profiling import StepProfiler
 from train.loop.progress import Plan, Progress
+from train.loop.resume import restore
 from train.loop.step import TrainStep
 from train.loop.stop import RankAgreement, Stopped, StopSignal
 from train.observe.console import Console
@@ -125,36 +126,7 @@ class Trainer:
 
     def resume(self, path: Path) -> None:
         """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
-        state = checkpoint.load(path)  # on the CPU: load_state_dict moves what belongs on the device
-        progress, saved, tc = Progress.from_state(state["progress"]), Plan(**state["plan"]), self.tc
-        self.plan.check_continues(saved, progress, path)
-        parts = self.parts()
-        del parts["plan"], parts["scaler"]  # this run's plan stands (checked above); the scaler loads from any device
-        checkpoint.load_model(parts.pop("model"), state, path, self.model_name)
-        self.step.load_scaler(state.get("scaler", {}))
-        # checkpoints written before trainer.micro_batch_size, the logger group, data.autotune lack them
-        for name in ("micro_batch", "trackers", "autotune"):
-            if name not in state:
-                parts.pop(name, None)
-        if progress.batch_in_epoch >= self.batches.per_epoch or tc.overfit_batches:  # no position to go on from
-            del parts["loader"]
-        for name, part in parts.items():
-            part.load_state_dict(state[name])
-        if self.positions.batch_in_epoch is not None:  # another process count: the rest numbered as the last batches
-            self.progress.batch_in_epoch = self.positions.batch_in_epoch
-        self.plan.follow(saved, self.progress, self.batches.per_epoch, tc.grad_accum_steps)
-        if {saved.total_steps, self.step.total_steps} != {self.plan.total_steps}:  # epochs or steps an epoch changed
-            self.step.total_steps = max(self.plan.total_steps, 1)
-            self.step.scheduler = self.step.plan_schedule(progress.step)
-            log.info("trainer.epochs=%d: the LR schedule is re-planned over %d steps (was %d), continuing at step %d "
-                     "with lr %.4g", tc.epochs, self.step.total_steps, saved.total_steps, progress.step,
-                     self.step.scheduler.get_last_lr()[0])
-        self.data.set_epoch(progress.epoch)
-        log.info("resumed from %s at epoch %d, batch %d, step %d", path, progress.epoch + 1,
-                 progress.batch_in_epoch, progress.step)
-        if progress.epoch >= tc.epochs:
-            log.info("the run in %s is complete (trainer.epochs=%d): raise trainer.epochs to train it further",
-                     path, tc.epochs)
+        restore(self, path)
 
     # -- loop ------------------------------------------------------------------------------------------------
     def done(self) -> bool:
