@@ -18,7 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.conftest import compose_config
 from train.data import data_from_config
-from train.data.loader.stream import EpochBatchSampler, LoaderPositions
+from train.data.loader.stream import EpochBatchSampler
 from train.dist import DistEnv
 from train.loop import checkpoint
 from train.loop.engine import Trainer
@@ -107,9 +107,9 @@ def test_loader_state_for_another_worker_count_resumes_by_position_said_in_one_l
     assert "loader state is for 2 workers, this loader has 0" in caplog.text
     assert resumed.loader.next_iter_state is None
     assert same(drain(resumed, range(2)), reference[5:])
-    resumed = pipeline(tiny_dataset, 0).train
-    LoaderPositions(resumed, DistEnv()).load_state_dict({"ranks": [state]})  # the engine's checkpoint entry
-    assert same(drain(resumed, range(2)), reference[5:])  # another process count: tests/test_world_size_resume.py
+    data = pipeline(tiny_dataset, 0)
+    data.positions(DistEnv()).load_state_dict({"ranks": [state]})  # the engine's checkpoint entry
+    assert same(drain(data.train, range(2)), reference[5:])  # another process count: tests/test_world_size_resume.py
 
 
 class Keys(Dataset):

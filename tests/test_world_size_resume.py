@@ -23,7 +23,7 @@ import torch
 
 from tests.conftest import ROOT, compose_config, training_at, wait_for
 from train.data import data_from_config
-from train.data.loader.stream import LoaderPositions
+from train.data.loader.positions import LoaderPositions
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.loop import checkpoint
@@ -72,7 +72,7 @@ def resume(root: Path, world_size: int, state: dict, *extra: str) -> tuple[list,
 @pytest.mark.parametrize(("before", "after", "done"), [(2, 1, 3), (1, 2, 5), (2, 3, 2)])
 def test_the_rest_of_the_epoch_is_every_untrained_sample_once_then_epochs_as_a_fresh_run(tiny_dataset, caplog,
                                                                                          before, after, done):
-    caplog.set_level(logging.INFO, logger="train.data.loader.stream")
+    caplog.set_level(logging.INFO, logger="train.data.loader.positions")
     first, state = stop([stream(tiny_dataset, r, before) for r in range(before)], 0, done)
     streams, positions = resume(tiny_dataset, after, state)
     assert all(p.batch_in_epoch == len(streams[0]) - -(-(TRAIN - before * done * BATCH) // after // BATCH)

@@ -3,7 +3,7 @@ knob, one LoaderPlan) -> device prefetcher -> Batch on the device.
 
 The training loop sees only `DataPipeline`: `train` and `val` both yield `Batch`es on the device through the same
 prefetcher. `train` is a `TrainStream` (stream.py): one loader iterator spanning all epochs, so the workers
-prefetch across epoch boundaries, with a state a checkpoint keeps.
+prefetch across epoch boundaries, with a state a checkpoint keeps; `positions(env)` gathers every rank's for it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from train.data.fast.encoded import device_decoding
 from train.data.loader.activity import ActivityBoard
 from train.data.loader.batch import Batch
 from train.data.loader.plan import LoaderPlan
+from train.data.loader.positions import LoaderPositions
 from train.data.loader.prefetcher import DevicePrefetcher
 from train.data.loader.samplers import build_val_loader, explain_loader_error
 from train.data.loader.shm import check_shm, warn_if_shm_too_small
@@ -67,6 +68,15 @@ class DataPipeline:
         self.train.replace_loader(*train_loader(train, plan, recipe.data, recipe.env, recipe.seed, self.train.batches))
         self.val = recipe.to_device(build_val_loader(val, plan, recipe.data, recipe.env, recipe.seed))
         self.plan = plan
+
+    def positions(self, env: DistEnv) -> LoaderPositions:
+        """The training position of every rank, the Stateful part a checkpoint keeps (loader/positions.py)."""
+        return LoaderPositions(self.train, env)
+
+    @property
+    def loader_timeout(self) -> float:
+        """Seconds a worker may take for one batch (0: forever): a collective should wait at least as long."""
+        return self.val.loader.timeout
 
     @property
     def source(self) -> Source:

@@ -14,9 +14,9 @@ epoch takes the next `count` entries. So a source drawn less than its size goes 
 epochs before any repeats (without replacement), and one drawn more repeats whole passes (with replacement only
 across passes). data.shuffle=false: every pass in stored order, interleaved evenly.
 
-Classes are the union of the sources' class names, the first source's in its order then each later source's new
-names; labels map by name. Validation reads every source's val split whole, one after another. A source whose read
-fails is named in the error (`dataset.sources.<name>`).
+Classes are the union of the sources' class names (mix_sources.py builds and checks the sources); labels map by name.
+Validation reads every source's val split whole, one after another. A source whose read fails is named in the error
+(`dataset.sources.<name>`).
 """
 
 from __future__ import annotations
@@ -27,19 +27,17 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from train.build import instantiate
 from train.data.fast.decode import UNREADABLE
-from train.data.remote.shard_order import shard_window, window_order
+from train.data.mix_sources import build_parts, pass_window
+from train.data.remote.shard_order import window_order
 from train.data.remote.shard_store import ShardError
 from train.data.seeds import MIX, mixed_seed
-from train.data.source import Source, as_uint8_tensor, sample_name
+from train.data.source import as_uint8_tensor, sample_name
 from train.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
-RESERVED = ("weight", "transform")  # a source entry's own keys; the rest is its `_target_` spec
 PLANS_HELD = 2  # epochs whose order a process keeps (the workers prefetch across one boundary)
 
 
@@ -56,14 +54,11 @@ class MixSource:
 
     def __init__(self, sources: Mapping, split: str = "train", seed: int = 0, samples_per_epoch: int | None = None,
                  shuffle: bool = True, shuffle_window: int | None = None):
-        entries = _entries(sources)
+        built = build_parts(sources, split)
         self.split, self.seed, self.shuffle, self.epoch = split, int(seed), bool(shuffle), 0
-        self.names = tuple(name for name, _, _, _ in entries)
-        self.parts = self.names
-        self.sources: list[Source] = [_build(name, spec, split) for name, _, spec, _ in entries]
-        self.transforms = [None if spec is None else instantiate(f"dataset.sources.{name}.transform", spec)
-                           for name, _, _, spec in entries]
-        self.classes, self.label_maps = _union_of_classes(self.names, self.sources)
+        self.names = self.parts = built.names
+        self.sources, self.transforms = built.sources, built.transforms
+        self.classes, self.label_maps = built.classes, built.label_maps
         self.lengths = np.array([len(source) for source in self.sources], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
         self.paths = MixPaths(self)
@@ -74,13 +69,12 @@ class MixSource:
             raise ConfigError(f"dataset.samples_per_epoch={samples_per_epoch!r}: use an integer >= 1, or null for "
                               f"the sources' samples together ({int(self.offsets[-1])})")
         self.length = int(samples_per_epoch or self.offsets[-1])
-        self.counts = shares(self.length, np.array([weight for _, weight, _, _ in entries]))
+        self.counts = shares(self.length, built.weights)
         for name, count in zip(self.names, self.counts, strict=True):
             if count == 0:
                 raise ConfigError(f"dataset.sources.{name}.weight: gives it none of the {self.length} samples an "
                                   "epoch; raise its weight or dataset.samples_per_epoch")
-        self.windows = [_window(name, source, shuffle_window) for name, source in zip(self.names, self.sources,
-                                                                                      strict=True)]
+        self.windows = [pass_window(source, shuffle_window) for source in self.sources]
         self._plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if int(os.environ.get("RANK", "0")) == 0:
             log.info("dataset=mix: %d samples an epoch from %s", self.length, ", ".join(
@@ -192,70 +186,3 @@ def shares(total: int, weights: np.ndarray) -> np.ndarray:
     counts = np.floor(exact).astype(np.int64)
     counts[np.argsort(-(exact - counts), kind="stable")[:total - int(counts.sum())]] += 1
     return counts
-
-
-def _entries(sources) -> list[tuple[str, float, dict, dict | None]]:
-    """(name, weight, `_target_` spec, transform spec) of each source, or one line naming what is wrong."""
-    if isinstance(sources, DictConfig):
-        sources = OmegaConf.to_container(sources, resolve=True)
-    if not isinstance(sources, Mapping) or not sources:
-        raise ConfigError("dataset.sources: name at least one source, e.g. dataset.sources.photos={_target_: "
-                          "train.data.datasets.ImageFolderDataset, root: /data/photos, weight: 3} (conf/dataset/"
-                          "mix.yaml)")
-    entries = []
-    for name, entry in sources.items():
-        key = f"dataset.sources.{name}"
-        if not isinstance(entry, Mapping) or "_target_" not in entry:
-            raise ConfigError(f"{key}: needs a _target_ (a dataset class such as train.data.datasets."
-                              "ImageFolderDataset) and its keys, and a weight")
-        spec = dict(entry)
-        weight = spec.pop("weight", None)
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not np.isfinite(weight) or weight <= 0:
-            raise ConfigError(f"{key}.weight={weight!r}: give each source a weight > 0 (its share of an epoch is "
-                              "its weight over the sum of the weights)")
-        entries.append((str(name), float(weight), spec, spec.pop("transform", None)))
-    return entries
-
-
-def _build(name: str, spec: dict, split: str) -> Source:
-    """One source's `split` from its spec; its errors name it."""
-    key = f"dataset.sources.{name}"
-    try:
-        source = instantiate(key, OmegaConf.create(spec), split=split)
-    except ConfigError as err:
-        message = str(err)
-        raise ConfigError(message if message.startswith(key) else f"{key}: {message}") from err
-    if not isinstance(source, Source):
-        raise ConfigError(f"{key}._target_={spec['_target_']}: needs `classes`, `__len__` and `__getitem__`: a "
-                          "map-style dataset (train/data/source.py)")
-    if len(source) == 0:
-        raise ConfigError(f"{key}: the {split} split is empty")
-    return source
-
-
-def _union_of_classes(names: tuple[str, ...], sources: list[Source]) -> tuple[list[str], list[np.ndarray]]:
-    """The union of the sources' class names (the first source's first) and each source's label -> union label."""
-    classes: dict[str, int] = {}
-    maps = []
-    for name, source in zip(names, sources, strict=True):
-        own = [str(c) for c in source.classes]
-        if len(set(own)) != len(own):
-            twice = sorted({c for c in own if own.count(c) > 1})
-            raise ConfigError(f"dataset.sources.{name}: class names {twice} appear more than once; labels map by "
-                              "name across the sources, so each must be unique")
-        new = [c for c in own if c not in classes]
-        if classes and new:
-            log.info("dataset.sources.%s adds %d classes not in the sources before it: %s", name, len(new),
-                     ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""))
-        for c in new:
-            classes[c] = len(classes)
-        maps.append(np.array([classes[c] for c in own], dtype=np.int64))
-    return list(classes), maps
-
-
-def _window(name: str, source: Source, window: int | None) -> int:
-    """The shards a sharded source's passes shuffle together (data.shuffle_window, or sized from its labels)."""
-    starts = getattr(source, "shard_starts", None)
-    if starts is None:
-        return 1
-    return shard_window(starts, window, getattr(source, "label_spread", None), announce=False)

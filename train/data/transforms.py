@@ -8,10 +8,10 @@ cache) skip the Resize step: `fit_square` is the one place that makes them.
 
 The pipelines are `DirectCompose`s: a v2.Compose whose single-tensor path calls each step's own `make_params` and
 `transform` directly (RandomCrop and RandomHorizontalFlip: v2's own draws, then a slice or a flip), the same RNG
-draws and pixels as v2 without its per-call input flattening, checks and dispatch (bench/RESULTS.md: decode). A
-source that crops whole batches (`read_crops`, the packed format) gets RandomCrop + RandomHorizontalFlip as a
-`CropFlipPlan` instead: the boxes drawn from each sample's 64-bit seed, vectorised. A pipeline that starts with
-RandomResizedCrop is split by `ResizedCropFirst` so that samples.py decodes the crop alone (decode.decode_crop).
+draws and pixels as v2 without its per-call input flattening, checks and dispatch. A source that crops whole
+batches (`read_crops`, the packed format) gets RandomCrop + RandomHorizontalFlip as a `CropFlipPlan` instead: the
+boxes drawn from each sample's 64-bit seed, vectorised. A pipeline that starts with RandomResizedCrop is split by
+`ResizedCropFirst` so that samples.py decodes the crop alone (decode.decode_crop).
 """
 
 from __future__ import annotations
@@ -68,17 +68,21 @@ def _random_crop(height: int, width: int) -> Callable[[torch.Tensor], torch.Tens
 
 class DirectCompose(v2.Compose):
     """v2.Compose; one plain tensor in (a dataset sample) runs the steps directly (`_direct`), anything else
-    (tv_tensors, several inputs) goes through v2 as usual."""
+    (tv_tensors, several inputs) goes through v2 as usual.
+
+    Kept because the whole loader measures faster with it on the default path (small images, where v2's per-call
+    dispatch is a real share of a sample's cost); on large photos decoding dominates and it is about even
+    (bench/compose.py, bench/RESULTS.md)."""
 
     def __init__(self, transforms: list):
         super().__init__(transforms)
-        self._steps = [_direct(step) for step in transforms]
+        self.direct_steps = [_direct(step) for step in transforms]  # each step as one plain tensor meets it
 
     def forward(self, *inputs):
         if len(inputs) != 1 or type(inputs[0]) is not torch.Tensor:
             return super().forward(*inputs)
         image = inputs[0]
-        for step in self._steps:
+        for step in self.direct_steps:
             image = step(image)
         return image
 
@@ -167,7 +171,7 @@ class CropFlipPlan:
 
 @dataclass(frozen=True)
 class ResizedCropFirst:
-    """A DirectCompose whose first step is RandomResizedCrop, split so the crop can be decoded alone
+    """A v2.Compose whose first step is RandomResizedCrop, split so the crop can be decoded alone
     (decode.decode_crop): its box drawn from the image's size (the header's; the RNG draws are the same as on the
     image), then the pipeline's other steps, in order, on the crop."""
 
@@ -177,10 +181,11 @@ class ResizedCropFirst:
     @classmethod
     def of(cls, transform) -> ResizedCropFirst | None:
         geometry = Geometry.of(transform)
-        if not isinstance(transform, DirectCompose) or geometry is None \
+        if not isinstance(transform, v2.Compose) or geometry is None \
                 or type(geometry.crop) is not v2.RandomResizedCrop:
             return None
-        return cls(transform.transforms[0], tuple(transform._steps[1:]))
+        steps = transform.direct_steps if isinstance(transform, DirectCompose) else transform.transforms
+        return cls(transform.transforms[0], tuple(steps[1:]))
 
     def box(self, size: tuple[int, int]) -> tuple[int, int, int, int]:
         """(top, left, height, width) the crop draws on an image of `size` (H, W)."""

@@ -75,7 +75,7 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
     try:
         with build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan, env, device, seed=tc.seed,
                         epochs=tc.epochs, channels_last=tc.channels_last) as data:  # workers end with the run
-            dist.init_process_group(env, device, data.val.loader.timeout, tc.dist_timeout_s)
+            dist.init_process_group(env, device, data.loader_timeout, tc.dist_timeout_s)
             heartbeat = Heartbeat(env) if env.distributed else None  # names a lost rank if a collective fails
             model = build_model(cfg.model, task.num_outputs(data.source), device, channels_last=tc.channels_last)
             trainer = Trainer.from_config(cfg, env, device, data, model, run_dir, monitor, stop, callbacks,

@@ -1,0 +1,109 @@
+"""dataset=mix's sources from `dataset.sources`: each entry checked (a `_target_` spec, a weight > 0, an optional
+`transform`), built for the split, and its labels mapped onto the union of the sources' class names, the first
+source's in its order, then each later source's new names. Every error is one line naming `dataset.sources.<name>`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from train.build import instantiate
+from train.data.remote.shard_order import shard_window
+from train.data.source import Source
+from train.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class MixParts:
+    """The sources of a mix, in `dataset.sources` order."""
+
+    names: tuple[str, ...]
+    weights: np.ndarray
+    sources: list[Source]
+    transforms: list  # each source's own transform (on its uint8 image, before the run's), or None
+    classes: list[str]  # the union of the sources' class names
+    label_maps: list[np.ndarray]  # each source's label -> its place in `classes`
+
+
+def build_parts(sources, split: str) -> MixParts:
+    """Every entry of `sources` checked, then each built for `split`, then their classes joined."""
+    entries = _entries(sources)
+    names = tuple(name for name, _, _, _ in entries)
+    built = [_build(name, spec, split) for name, _, spec, _ in entries]
+    transforms = [None if spec is None else instantiate(f"dataset.sources.{name}.transform", spec)
+                  for name, _, _, spec in entries]
+    classes, label_maps = _union_of_classes(names, built)
+    return MixParts(names, np.array([weight for _, weight, _, _ in entries]), built, transforms, classes, label_maps)
+
+
+def _entries(sources) -> list[tuple[str, float, dict, dict | None]]:
+    """(name, weight, `_target_` spec, transform spec) of each source, or one line naming what is wrong."""
+    if isinstance(sources, DictConfig):
+        sources = OmegaConf.to_container(sources, resolve=True)
+    if not isinstance(sources, Mapping) or not sources:
+        raise ConfigError("dataset.sources: name at least one source, e.g. dataset.sources.photos={_target_: "
+                          "train.data.datasets.ImageFolderDataset, root: /data/photos, weight: 3} (conf/dataset/"
+                          "mix.yaml)")
+    entries = []
+    for name, entry in sources.items():
+        key = f"dataset.sources.{name}"
+        if not isinstance(entry, Mapping) or "_target_" not in entry:
+            raise ConfigError(f"{key}: needs a _target_ (a dataset class such as train.data.datasets."
+                              "ImageFolderDataset) and its keys, and a weight")
+        spec = dict(entry)
+        weight = spec.pop("weight", None)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not np.isfinite(weight) or weight <= 0:
+            raise ConfigError(f"{key}.weight={weight!r}: give each source a weight > 0 (its share of an epoch is "
+                              "its weight over the sum of the weights)")
+        entries.append((str(name), float(weight), spec, spec.pop("transform", None)))
+    return entries
+
+
+def _build(name: str, spec: dict, split: str) -> Source:
+    """One source's `split` from its spec; its errors name it."""
+    key = f"dataset.sources.{name}"
+    try:
+        source = instantiate(key, OmegaConf.create(spec), split=split)
+    except ConfigError as err:
+        message = str(err)
+        raise ConfigError(message if message.startswith(key) else f"{key}: {message}") from err
+    if not isinstance(source, Source):
+        raise ConfigError(f"{key}._target_={spec['_target_']}: needs `classes`, `__len__` and `__getitem__`: a "
+                          "map-style dataset (train/data/source.py)")
+    if len(source) == 0:
+        raise ConfigError(f"{key}: the {split} split is empty")
+    return source
+
+
+def _union_of_classes(names: tuple[str, ...], sources: list[Source]) -> tuple[list[str], list[np.ndarray]]:
+    """The union of the sources' class names (the first source's first) and each source's label -> union label."""
+    classes: dict[str, int] = {}
+    maps = []
+    for name, source in zip(names, sources, strict=True):
+        own = [str(c) for c in source.classes]
+        if len(set(own)) != len(own):
+            twice = sorted({c for c in own if own.count(c) > 1})
+            raise ConfigError(f"dataset.sources.{name}: class names {twice} appear more than once; labels map by "
+                              "name across the sources, so each must be unique")
+        new = [c for c in own if c not in classes]
+        if classes and new:
+            log.info("dataset.sources.%s adds %d classes not in the sources before it: %s", name, len(new),
+                     ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""))
+        for c in new:
+            classes[c] = len(classes)
+        maps.append(np.array([classes[c] for c in own], dtype=np.int64))
+    return list(classes), maps
+
+
+def pass_window(source: Source, window: int | None) -> int:
+    """The shards a sharded source's passes shuffle together (data.shuffle_window, or sized from its labels)."""
+    starts = getattr(source, "shard_starts", None)
+    if starts is None:
+        return 1
+    return shard_window(starts, window, getattr(source, "label_spread", None), announce=False)
