@@ -108,7 +108,7 @@ def test_a_training_step_never_syncs_the_host(tiny_dataset, tmp_path):
         for batch in batches:
             loss, updated = run.step(batch)
             meter.stepped(len(batch), loss, batch.bad)
-            run.agree()
+            run.agreement.agree()
             steps += 1
     finally:
         torch.cuda.set_sync_debug_mode(0)

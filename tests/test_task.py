@@ -19,6 +19,7 @@ from train.data.loader.batch import Batch
 from train.data.source import check_sources
 from train.dist import DistEnv
 from train.errors import ConfigError
+from train.loop.evaluate import Evaluation
 from train.loop.progress import Progress
 from train.loop.step import TrainStep
 from train.observe.metrics import EPOCH, epoch_line
@@ -79,6 +80,33 @@ def test_classification_sums_loss_top1_and_top5_with_label_smoothing():
     assert task.evaluation(sums, 3) == pytest.approx({"val_loss": expected / 3, "val_acc": 1 / 3, "val_top5": 2 / 3})
 
 
+def test_each_task_knows_how_many_counts_it_sums():
+    """Evaluation trusts `num_counts` for the width of the one reduction: it must be eval_counts' length."""
+    logits = torch.randn(2, 3, 4, 4)
+    segmentation = Segmentation(num_classes=3)
+    assert segmentation.num_counts() == len(segmentation.eval_counts(logits, torch.zeros(2, 4, 4, dtype=torch.uint8)))
+    classification = Classification()
+    assert classification.num_counts() == len(classification.eval_counts(logits[:, :, 0, 0], torch.tensor([0, 2])))
+
+
+def test_no_validation_sample_gives_zeros_of_every_figure():
+    step = TrainStep.from_config(compose_config(["hardware=cpu"]), DistEnv(), CPU, torch.nn.Linear(3, 4), 1)
+    assert evaluation(step)([Batch(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))]) == \
+        {"val_loss": 0.0, "val_acc": 0.0, "val_top5": 0.0, "val_samples": 0}
+
+
+def test_a_task_without_num_counts_fails_in_one_line_before_training(tmp_path, monkeypatch):
+    (tmp_path / "partial_task.py").write_text(
+        "from train.task import Task\n\n"
+        "class Partial(Task):\n"
+        "    def loss(self, outputs, targets): ...\n"
+        "    def eval_counts(self, outputs, targets): ...\n"
+        "    def figures_of(self, counts, samples): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^task._target_=partial_task.Partial: define num_counts \(train/task/"):
+        build_task(compose_config(["task._target_=partial_task.Partial", "~task.label_smoothing"]))
+
+
 def test_a_task_puts_its_figures_in_the_vocabulary_after_val_loss_and_back():
     try:
         build_task(compose_config(["task=segmentation"]))
@@ -112,7 +140,7 @@ def test_an_old_checkpoints_best_val_acc_becomes_the_best():
 def test_the_old_label_smoothing_key_names_the_new_one():
     from train.run.overrides import check_command_line
 
-    with pytest.raises(ConfigError, match=r"^trainer.label_smoothing: renamed; use task.label_smoothing"):
+    with pytest.raises(ConfigError, match=r"^trainer.label_smoothing: .*task.label_smoothing"):
         check_command_line(["trainer.label_smoothing=0.1"])
     assert check_command_line(["task.label_smoothing=0.1"]).task.label_smoothing == 0.1
 
@@ -151,10 +179,15 @@ def test_segmentation_trains_a_torchvision_model_through_the_step():
         targets[:, :2] = 255
         losses = [step(Batch(images, targets))[0].item() for _ in range(8)]
         assert losses[-1] < losses[0]
-        figures = step.evaluate_all([Batch(images, targets)])
+        figures = evaluation(step)([Batch(images, targets)])
         assert set(figures) == {"val_loss", "val_miou", "val_pixel_acc", "val_samples"} and figures["val_samples"] == 4
     finally:
         build_task(compose_config([]))
+
+
+def evaluation(step: TrainStep) -> Evaluation:
+    """The loop's evaluation (engine.py builds the same) over `step`'s model and forward."""
+    return Evaluation(step.ddp, step.predict, step.task, CPU)
 
 
 # -- the reduction over two real gloo ranks ----------------------------------------------------------------------
@@ -164,8 +197,9 @@ def rank_confusion(rank: int) -> np.ndarray:
 
 @pytest.mark.slow
 def test_the_confusion_matrix_is_summed_over_two_gloo_ranks_once(tmp_path):
-    """torchrun, 2 processes on gloo: each rank evaluates its own pixels through TrainStep.evaluate_all (rank 1
-    twice as many batches); every rank reports the figures of the summed matrix."""
+    """torchrun, 2 processes on gloo: each rank evaluates its own pixels through the loop's Evaluation (rank 1 twice
+    as many batches); every rank reports the figures of the summed matrix. Then rank 1 has no batch at all: it joins
+    the one reduction with zeros of the task's width, and both ranks report rank 0's matrix."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           __file__, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
@@ -176,6 +210,9 @@ def test_the_confusion_matrix_is_summed_over_two_gloo_ranks_once(tmp_path):
         assert figures["val_samples"] == 3
         assert figures["val_miou"] == pytest.approx(scores(total)["val_miou"])
         assert figures["val_pixel_acc"] == pytest.approx(scores(total)["val_pixel_acc"])
+        alone = json.loads((tmp_path / f"rank{rank}_alone.json").read_text())
+        assert (alone["val_samples"], alone["val_miou"], alone["val_pixel_acc"]) == \
+            (1, pytest.approx(MIOU), pytest.approx(PIXEL_ACC))
 
 
 class OneHotIdentity(torch.nn.Module):
@@ -204,8 +241,10 @@ def _evaluate_on_this_rank(out_dir: Path) -> None:
     step = TrainStep(TrainerConfig(precision="fp32"), DistEnv.from_env(), CPU, OneHotIdentity(),
                      optimizer=partial(torch.optim.SGD, lr=0.1), schedule=warmup_cosine, batch_size=1, total_steps=1,
                      input_shape=(3, 1, 1), task=Segmentation(num_classes=3))
-    figures = step.evaluate_all([batch] * (rank + 1))
+    figures = evaluation(step)([batch] * (rank + 1))
     (out_dir / f"rank{rank}.json").write_text(json.dumps(figures))
+    figures = evaluation(step)([batch] if rank == 0 else [])
+    (out_dir / f"rank{rank}_alone.json").write_text(json.dumps(figures))
     dist.destroy_process_group()
 
 

@@ -2,7 +2,8 @@
 
 Where to look (a forker's reading list first):
 - task/     what is learned: the loss, the evaluation sums and figures, which epoch is best (base.py: your own)
-- loop/     the step (step.py), the epoch loop (engine.py), checkpoints and resume, the model and schedule builders
+- loop/     the step (step.py), evaluation (evaluate.py), the epoch loop (engine.py), the ranks' agreement to stop
+            (agreement.py), checkpoints and resume, the model and schedule builders
 - data/     the dataset interface (source.py), loadout's sources (datasets, voc, mix), the per-sample path
             (samples.py), augmentation (augment, seg_augment, transforms, geometry); its back rooms need no edits:
             loader/ (DataLoader machinery, stage clocks, autotune), remote/ (shards, parquet, object stores),

@@ -98,7 +98,7 @@ def group_timeout(data_timeout_s: float | None, setting_s: float | None = None) 
 def init_process_group(env: DistEnv, device: torch.device, data_timeout_s: float | None = None,
                        timeout_s: float | None = None) -> None:
     """nccl on CUDA, gloo on CPU; a no-op for a single process. A gloo group beside it carries the loop's control
-    flags (`any_rank`, stop.RankAgreement), so asking "did any rank get a stop signal?" never waits for the GPU
+    flags (`any_rank`, agreement.RankAgreement), so asking "did any rank get a stop signal?" never waits for the GPU
     nor interleaves with the gradient all-reduces."""
     global _control_group
     if env.distributed and not torch_dist.is_initialized():

@@ -1,7 +1,7 @@
 """A task of your own in one file: counting the bright squares in an image, a regression (examples/counting).
 
 `Counting` is the task (train/task/base.py says what a task owns): mean squared error on the model's single
-output, evaluation sums of |error|, error² and exact counts (plain sums, so they add up over batches and ranks),
+output, evaluation sums of |error| and exact counts (plain sums, so they add up over batches and ranks),
 figures val_mae and val_exact, best.pt by the lowest val_mae. `Squares` is a source to train it on: 32x32 images
 drawn from their index, 0-4 squares each, the count as target. Train it from outside the package with:
 
@@ -39,6 +39,9 @@ class Counting(Task):
     def eval_counts(self, outputs, targets: torch.Tensor) -> torch.Tensor:
         error = outputs.float().squeeze(1) - targets.float()
         return torch.stack([error.abs().sum(), (error.round() == 0).sum()]).double()
+
+    def num_counts(self) -> int:
+        return 2  # |error| and exact counts
 
     def figures_of(self, counts: Sequence[float], samples: int) -> dict[str, float]:
         absolute, exact = counts

@@ -1,5 +1,6 @@
-"""The epoch loop: train steps (train/loop/step.py), evaluation, checkpoints (last.pt, and best.pt by the task's best
-figure), stop signals, one metrics row an epoch; trainer.mode=validate evaluates a checkpoint instead.
+"""The epoch loop: train steps (train/loop/step.py), evaluation (evaluate.py), checkpoints (last.pt, and best.pt by
+the task's best figure), the ranks' agreement on stopping (agreement.py), one metrics row an epoch;
+trainer.mode=validate evaluates a checkpoint instead.
 
 Callbacks (the `callbacks:` config group, `_target_` classes) see the run from outside: each may define
 `on_train_batch(trainer, batch)`, `on_save(trainer)` (every rank, before the checkpoint is written) and
@@ -22,18 +23,19 @@ from train.data.augment import Recipe
 from train.data.loader.autotune import Autotune
 from train.data.loader.batch import Batch
 from train.data.loader.stages import since
-from train.data.loader.stream import LoaderPositions
 from train.dist import DistEnv, any_rank, barrier
 from train.errors import Diverged
 from train.loop import checkpoint
+from train.loop.agreement import StepAgreement
 from train.loop.config import TrainerConfig
 from train.loop.epoch_batches import EpochBatches, batches_per_epoch
+from train.loop.evaluate import Evaluation
 from train.loop.micro_batch import said_in_one_line
 from train.loop.profiling import StepProfiler
 from train.loop.progress import Plan, Progress
 from train.loop.resume import restore
 from train.loop.step import TrainStep
-from train.loop.stop import RankAgreement, Stopped, StopSignal
+from train.loop.stop import StopSignal
 from train.observe.console import Console
 from train.observe.doctor import Doctor, Machine
 from train.observe.meter import EpochMeter, SourceTally, append_jsonl, reduce_over_ranks
@@ -64,17 +66,18 @@ class Trainer:
         # data.autotune: the loader's plan moved between epochs toward the doctor's measured best
         self.autotune = Autotune(data, env, self.memory) if autotune else None
         self.stop = stop or StopSignal()  # installed by whoever built it (python -m train); asked after each step
-        self.agreement = RankAgreement()  # the stop signal and the micro-batch size, agreed one step later
+        # the stop signal, a non-finite loss and the micro-batch size, agreed by the ranks one step later
+        self.agreement = StepAgreement(self.stop, step, lambda: self.progress, self.save)
+        self.evaluation = Evaluation(step.ddp, step.predict, step.task, device)
         self.callbacks = list(callbacks)
         self.progress = Progress()
         self.batches = EpochBatches(data, tc.limit_batches, tc.overfit_batches)  # all, debug=limit or overfit
         self.console = Console(tc.progress and env.is_main, tc.progress_every_s)  # a bar, or lines in a log
         self.profiler: StepProfiler | None = None  # trainer.profiler: over a window of fit()'s steps
-        self.positions = LoaderPositions(data.train, env)
+        self.positions = data.positions(env)
         self.metrics_path = run_dir / "metrics.jsonl"
         self.checkpoint_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST
         self.best_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.BEST
-        self.saved_step: int | None = None  # the step the checkpoints on disk reached (None: none written yet)
         if env.is_main:
             checkpoint.warn_if_little_room(run_dir, 3 * checkpoint.tensor_bytes(step.model.state_dict()),
                                            tc.keep_checkpoints)
@@ -114,7 +117,7 @@ class Trainer:
         after it keeps every rank from moving on (or dying) before the file on disk is whole, so a restarted group
         resumes from one checkpoint."""
         if any_rank(int(not self.step.watch.confirm(self.step.model))):  # never a non-finite state over a finite one
-            self.diverge("a non-finite loss or weight")
+            self.agreement.diverge("a non-finite loss or weight")
         self._call("on_save")
         self.positions.gather(mid_epoch=self.progress.batch_in_epoch > 0)
         if self.env.is_main:
@@ -122,7 +125,7 @@ class Trainer:
             if best:
                 checkpoint.copy_atomic(self.checkpoint_path, self.best_path)
         barrier()
-        self.saved_step = self.progress.step
+        self.agreement.saved_step = self.progress.step
 
     def resume(self, path: Path) -> None:
         """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
@@ -162,51 +165,8 @@ class Trainer:
                 append_jsonl(self.metrics_path, record)
                 log.info("%s", epoch_line(record, tc.epochs, tc.max_steps))
             if self.progress.epoch < tc.epochs and not self.done():
-                self.stop_if_asked()  # a signal during validation: stop before the next epoch starts
+                self.agreement.stop_if_asked()  # a signal during validation: stop before the next epoch starts
         return records
-
-    def agree(self) -> None:
-        """After each optimizer step: hand this rank's stop signal and micro-batch size to the agreement and act on
-        the answer to the previous step's question (every rank gets the same answer at the same step)."""
-        answer = self.agreement.ask([self.stop.signum, -self.step.micro_batch.size, int(not self.step.watch.poll())])
-        if answer is not None:
-            self.act_on(answer)
-
-    def settle(self) -> None:
-        """Wait for the question in flight, if any, and act on its answer."""
-        answer = self.agreement.answer()
-        if answer is not None:
-            self.act_on(answer)
-
-    def act_on(self, answer: list[int]) -> None:
-        signum, smallest, nonfinite = answer
-        self.step.micro_batch.agree(-smallest)
-        if nonfinite:
-            self.diverge("a non-finite loss")
-        if signum:
-            self.stop_now(signum)
-
-    def diverge(self, what: str) -> None:
-        """Stop the run on divergence, in one line; nothing is saved, so the checkpoints keep the last finite state."""
-        lr = self.step.scheduler.get_last_lr()[0]
-        last = float(self.step.watch.last_finite_loss)
-        kept = f"the checkpoints hold step {self.saved_step}" if self.saved_step is not None else \
-            "no checkpoint was written"
-        raise Diverged(f"diverged by step {self.progress.step} (epoch {self.progress.epoch + 1}, batch "
-                       f"{self.progress.batch_in_epoch}): {what} at lr {lr:.3g} (last finite loss {last:.4g}); {kept}."
-                       " Lower optimizer.lr, lengthen the warm-up, or set trainer.on_nonfinite=skip")
-
-    def stop_if_asked(self) -> None:
-        """After an epoch's checkpoint: if any rank got a stop signal, save and stop (a blocking agreement)."""
-        self.settle()
-        signum = self.stop.agreed()
-        if signum:
-            self.stop_now(signum)
-
-    def stop_now(self, signum: int) -> None:
-        if self.progress.batch_in_epoch:  # mid-epoch: the loader's position goes with the checkpoint
-            self.save()
-        raise Stopped(signum, self.progress.epoch, self.progress.batch_in_epoch)
 
     def _batches(self, batches: Iterable[Batch], meter: EpochMeter, desc: str, total: int) -> Iterator[Batch]:
         """Batches on the device, timed by `meter`, a dead or stuck worker an error naming it (`data.explained`),
@@ -237,7 +197,7 @@ class Trainer:
             try:
                 loss, updated = self.step(batch, where=(self.progress.epoch, self.progress.batch_in_epoch))
             except Diverged as err:
-                self.diverge(str(err))
+                self.agreement.diverge(str(err))
             self.progress.step += updated
             # no .item(): the GPU is not synced every step
             meter.stepped(len(batch), loss, batch.bad, batch.decode_fallbacks,
@@ -248,7 +208,7 @@ class Trainer:
             self.console.stepped(desc, meter, self.progress.step, self.plan.last_step(tc.max_steps))
             if self.profiler is not None:
                 self.profiler.step()
-            self.agree()
+            self.agreement.agree()
             every = tc.checkpoint_every_steps
             if every and self.progress.step % every == 0:
                 self.save()
@@ -256,7 +216,7 @@ class Trainer:
                 break
         self.step.drop_partial()
         skipped = self.step.skipped - skipped_before
-        self.settle()  # the last step's question, answered before the epoch's collectives
+        self.agreement.settle()  # the last step's question, answered before the epoch's collectives
         summary = meter.summary()
         stages = since(clocks.snapshot(), before) if clocks is not None and not self.tc.overfit_batches else None
         explained = self.doctor.examine(stages, summary, log_it=self.env.is_main)  # this rank's, before the reduce
@@ -286,4 +246,4 @@ class Trainer:
     def evaluate(self) -> dict:
         batches = self._batches(self.batches.val(), EpochMeter(self.device), "val", self.batches.val_batches)
         with said_in_one_line(self.step.micro_batch, self.device, " in evaluation"):
-            return self.step.evaluate_all(batches)
+            return self.evaluation(batches)

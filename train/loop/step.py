@@ -1,5 +1,5 @@
-"""One training step and one evaluation step: the Trainer, tune's with-model measurement and bench/gpu_prefetch.py
-all train through `TrainStep`, so what they time is what training runs.
+"""One training step: the Trainer, tune's with-model measurement and bench/gpu_prefetch.py all train through
+`TrainStep`, so what they time is what training runs; evaluation (evaluate.py) runs its forward, `predict`.
 
 A step is nanoGPT's loop body: forward under autocast, the loss scaled (fp16 only) and divided over the accumulated
 batches, backward; on the batch that completes an accumulation the optimizer steps, and the scheduler with it (not
@@ -9,7 +9,7 @@ micro-batch of the updating batch (`require_backward_grad_sync`, set per call).
 Micro-batches (trainer.micro_batch_size): the loader's batch is the optimizer's batch; it may be run through the model
 in slices, each slice's loss weighted by its share, so the gradient is the whole batch's. With `auto` a slice that
 runs out of GPU memory frees the step's state, halves the slice and runs the same batch again; the ranks agree on
-the smallest slice through the loop's control all-reduce (engine.py). A batch with no readable sample still runs
+the smallest slice through the loop's control all-reduce (agreement.py). A batch with no readable sample still runs
 its (empty) forward and backward under DDP, so every rank takes part in every gradient all-reduce. BatchNorm in
 training normalises each slice by the slice's own statistics: exact only without it, noisier the smaller the slice.
 """
@@ -19,17 +19,17 @@ from __future__ import annotations
 import gc
 import logging
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from train.build import instantiate
 from train.data.loader.batch import Batch
-from train.dist import DistEnv, all_reduce_max, all_reduce_sum
+from train.dist import DistEnv
 from train.errors import Diverged
 from train.loop import precision
-from train.loop.buffers import broadcast_from_rank0
 from train.loop.compiled import CompiledModel
 from train.loop.config import TrainerConfig
 from train.loop.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory
@@ -111,15 +111,16 @@ class TrainStep:
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
 
     def _forward(self, images: torch.Tensor):
-        """The compiled model for full slices, the eager one for shorter ones (a batch with unreadable samples, the
-        last validation batch): one graph for training and one for evaluation, never one per shape."""
-        if self.compiled is not None and images.shape[0] == self.micro_batch.size:
-            return self.compiled(images)
-        return self.ddp(images)
+        """The model's outputs under the run's autocast (the loss or the sums after it run outside): the compiled
+        model for full slices, the eager one for shorter ones (a batch with unreadable samples, the last validation
+        batch): one graph for training and one for evaluation, never one per shape."""
+        with precision.autocast(self.device, self.precision):
+            if self.compiled is not None and images.shape[0] == self.micro_batch.size:
+                return self.compiled(images)
+            return self.ddp(images)
 
     def _loss(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        with precision.autocast(self.device, self.precision):
-            outputs = self._forward(images)
+        outputs = self._forward(images)
         if images.shape[0] == 0:  # no readable sample: a zero loss whose backward still syncs every gradient
             return self.task.zero_loss(outputs)
         return self.task.loss(outputs, targets)
@@ -230,29 +231,8 @@ class TrainStep:
             self.optimizer.zero_grad(set_to_none=True)
             self.micro = 0
 
-    def evaluate_all(self, batches: Iterable[Batch]) -> dict:
-        """val_loss, the task's figures and val_samples over `batches` on rank 0's buffers (buffers.py), the task's
-        sums added over all ranks (each sample counted once); the device is read once, after the last batch."""
-        self.ddp.eval()
-        broadcast_from_rank0(self.model)
-        sums, count = None, 0
-        for batch in batches:
-            if len(batch):
-                batch_sums = self.evaluate(batch)
-                sums, count = (batch_sums if sums is None else sums + batch_sums), count + len(batch)
-        width = int(all_reduce_max(0 if sums is None else len(sums), self.device))  # a rank may have had no sample
-        sums = [0.0] * width if sums is None else sums.tolist()
-        *totals, count = all_reduce_sum([*sums, count], self.device)
-        return {**self.task.evaluation(totals, int(count)), "val_samples": int(count)}
-
-    @torch.no_grad()
-    def evaluate(self, batch: Batch) -> torch.Tensor:
-        """The task's evaluation sums over one validation batch, one device tensor: the loop adds them up and reads
-        them once, after the last batch."""
-        sums = None
-        for images, targets in self._slices(batch.images, batch.targets):
-            with precision.autocast(self.device, self.precision):
-                outputs = self._forward(images)
-            part = self.task.eval_sums(outputs, targets)
-            sums = part if sums is None else sums + part
-        return sums
+    def predict(self, images: torch.Tensor, targets: torch.Tensor) -> Iterator[tuple[Any, torch.Tensor]]:
+        """The model's outputs on a (non-empty) batch slice by slice, each with its slice of `targets`: evaluation
+        runs the forward training runs (precision, compiled graph, the micro-batch size that fit)."""
+        for x, y in self._slices(images, targets):
+            yield self._forward(x), y

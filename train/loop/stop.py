@@ -2,21 +2,18 @@
 
 Slurm (at the time limit, on preemption, `--signal=B:USR1@<s>` forwarded by the job file), Kubernetes and
 `docker compose stop` send a signal and kill the job a grace period later. The handler only notes the signal; after
-each optimizer step the loop hands the note to a `RankAgreement`, an all-reduce over the ranks that runs while the
-next step computes and is read one step later, so every rank stops at the same step, saves the same checkpoint and
-no rank waits in an all-reduce for one that has left. Later signals (torchrun and srun forward what the whole
-process tree already got) change nothing: the save in progress finishes, and the checkpoint on disk is only ever
-replaced whole (checkpoint.write_atomic).
+each optimizer step the loop hands the note to the ranks' agreement (agreement.py), an all-reduce over the ranks that
+runs while the next step computes and is read one step later, so every rank stops at the same step, saves the same
+checkpoint and no rank waits in an all-reduce for one that has left. Later signals (torchrun and srun forward what
+the whole process tree already got) change nothing: the save in progress finishes, and the checkpoint on disk is only
+ever replaced whole (checkpoint.write_atomic).
 """
 
 from __future__ import annotations
 
 import signal
 
-import torch
-import torch.distributed as torch_dist
-
-from train.dist import any_rank, control_group
+from train.dist import any_rank
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -58,31 +55,3 @@ class StopSignal:
 
     def __exit__(self, *exc) -> None:
         self.restore()
-
-
-class RankAgreement:
-    """A few small integers agreed by every rank (their maximum), asked after each optimizer step without waiting:
-    the all-reduce runs on the CPU control group while the next step computes, and its answer is read at the next
-    call. Every rank calls `ask` at the same steps, so every rank acts on the same answer at the same step."""
-
-    def __init__(self) -> None:
-        self._pending: tuple[torch_dist.Work, torch.Tensor] | None = None
-
-    def ask(self, values: list[int]) -> list[int] | None:
-        """Start agreeing on `values`; returns the answer to the previous call (None at the first). One process:
-        `values` at once."""
-        if not torch_dist.is_initialized():
-            return list(values)
-        answer = self.answer()
-        tensor = torch.tensor(values, dtype=torch.int64)
-        work = torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX, group=control_group(), async_op=True)
-        self._pending = (work, tensor)
-        return answer
-
-    def answer(self) -> list[int] | None:
-        """Wait for the question in flight, if any (at an epoch's end, before a blocking collective)."""
-        if self._pending is None:
-            return None
-        (work, tensor), self._pending = self._pending, None
-        work.wait()
-        return tensor.tolist()

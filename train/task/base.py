@@ -3,9 +3,9 @@
 
 The loop hands a task the model's outputs and the batch's targets (`batch.targets`: whatever the source's samples
 give as target, stacked) and never looks inside either: the task computes the loss, the per-batch evaluation sums
-(one float64 device tensor; the step adds them over the epoch and all-reduces them once per validation), the
-figures those sums give, and which figure picks best.pt. A task of your own subclasses `Task` in one file and is
-named by one YAML in conf/task/ (`_target_`); examples/counting shows one.
+(one float64 device tensor of a width the task knows; evaluation adds them over the epoch and all-reduces them once
+per validation), the figures those sums give, and which figure picks best.pt. A task of your own subclasses `Task`
+in one file and is named by one YAML in conf/task/ (`_target_`); examples/counting shows one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from train.errors import ConfigError
 
 class Task:
     """The defaults here fit most tasks; a subclass sets `figures`, `best`, `source_needs`, `target_doc` and
-    implements `loss`, `eval_counts` and `figures_of`."""
+    implements `loss`, `eval_counts`, `num_counts` and `figures_of`."""
 
     figures: Sequence = ()  # observe/metrics.py Metric rows of the figures `figures_of` returns (besides val_loss)
     best: tuple[str, str] = ("val_loss", "min")  # the figure best.pt follows, and max | min
@@ -67,8 +67,13 @@ class Task:
         """What evaluation sums over a validation slice besides the loss: a 1-D float64 tensor on the device."""
         raise NotImplementedError
 
+    def num_counts(self) -> int:
+        """How many numbers `eval_counts` returns (known once `num_outputs` has run): a rank with no validation
+        sample joins the one reduction with that many zeros."""
+        raise NotImplementedError
+
     def eval_sums(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
-        """(summed loss, *eval_counts) over one slice, one float64 device tensor the step adds up without a sync."""
+        """(summed loss, *eval_counts) over one slice, one float64 device tensor evaluation adds up without a sync."""
         loss = self.loss(outputs, targets).detach().double() * targets.shape[0]
         return torch.cat([loss.reshape(1), self.eval_counts(outputs, targets).double()])
 
@@ -78,10 +83,10 @@ class Task:
 
     def evaluation(self, sums: Sequence[float], samples: int) -> dict[str, float]:
         """val_loss and the task's figures from `eval_sums` summed over every rank and batch; zeros when no rank
-        had a readable validation sample (nothing was summed: every figure's count is 0)."""
-        if not sums:
+        had a readable validation sample (every count is 0)."""
+        if not samples:
             return {"val_loss": 0.0, **{metric.key: 0.0 for metric in self.figures}}
-        return {"val_loss": sums[0] / max(samples, 1), **self.figures_of(sums[1:], samples)}
+        return {"val_loss": sums[0] / samples, **self.figures_of(sums[1:], samples)}
 
     def better(self, value: float, best: float | None) -> bool:
         """Whether `value` of the `best` figure beats the best so far (None: none yet)."""

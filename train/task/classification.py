@@ -49,6 +49,9 @@ class Classification(Task):
         hits = logits.topk(min(5, logits.shape[1]), dim=1).indices == targets[:, None]
         return torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum()]).double()
 
+    def num_counts(self) -> int:
+        return 2  # top-1 and top-5 hits
+
     def figures_of(self, counts: Sequence[float], samples: int) -> dict[str, float]:
         correct, top5 = counts
         n = max(samples, 1)

@@ -61,6 +61,11 @@ class Segmentation(Task):
             self.num_classes = logits.shape[1]
         return self.confusion(logits.argmax(dim=1), targets).flatten().double()
 
+    def num_counts(self) -> int:
+        if self.num_classes is None:
+            raise ValueError("Segmentation: the number of classes is unknown: pass num_classes or call num_outputs")
+        return self.num_classes ** 2  # the confusion matrix, flattened
+
     def figures_of(self, counts: Sequence[float], samples: int) -> dict[str, float]:
         return scores(np.asarray(counts, dtype=np.float64).reshape(self.num_classes, self.num_classes))
 

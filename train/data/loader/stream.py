@@ -226,6 +226,3 @@ def build_train_stream(samples: Dataset, plan: LoaderPlan, data, env: DistEnv, *
     stream.rank_sampler = rank_sampler(samples, data, env, seed)
     return stream
 
-
-# until train/loop/engine.py takes it from DataPipeline.positions (then delete this line)
-from train.data.loader.positions import LoaderPositions  # noqa: E402, F401
