@@ -57,7 +57,7 @@ def node_pss(root: Path, cache: Path) -> float:
     main = psutil.Process()
     peak = 0
     with pipeline("dataset=shards", "data.num_workers=2", "data.batch_size=256", "data.image_size=32",
-                  "data.persistent_workers=true", "trainer.epochs=1", f"data.shard_cache_dir={cache}",
+                  "data.persistent_workers=true", "trainer.epochs=1", f"dataset.cache_dir={cache}",
                   root=root) as data:
         for _ in host_batches(data, 0):
             workers = sum(memory.pss for memory in worker_memory().values())

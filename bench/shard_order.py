@@ -4,7 +4,7 @@ images, no training (seconds).
 
 For shard sets written as users write them (a folder walked class by class into webdataset ShardWriter shards, or
 shuffled first as scripts/make_shards.py does), the order loader.ShardWindowSampler draws with the window
-shard_order.shard_window picks at the default settings (data.shuffle_window=null), beside the old default of 4 shards
+shard_order.shard_window picks at the default settings (dataset.shuffle_window=null), beside the old default of 4 shards
 and a full shuffle:
 - distinct labels in a batch of BATCH, as a share of a full shuffle's (target >= 0.95 at the default settings where
   the window can hold CLASS_SHARDS shards a class; label mixing is what training needs);

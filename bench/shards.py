@@ -45,7 +45,7 @@ def rate(root: Path | str, *overrides: str) -> float:
 
 def first_epoch(root: Path | str, cache: Path, *overrides: str) -> float:
     """Images/s over one epoch of a fresh pipeline whose node cache is `cache`."""
-    with pipeline(*SETTINGS, "trainer.epochs=1", "dataset=shards", f"data.shard_cache_dir={cache}", *overrides,
+    with pipeline(*SETTINGS, "trainer.epochs=1", "dataset=shards", f"dataset.cache_dir={cache}", *overrides,
                   root=root) as data:
         return images_per_s(host_batches(data, 0))
 
@@ -126,7 +126,7 @@ if __name__ == "__main__":
         shards, cache = tmp / "shards", tmp / "cache"
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_shards.py"), str(SEED_DATA), str(shards),
                         "--shard-bytes", str(4 << 20)], check=True, capture_output=True)
-        sharded = ("dataset=shards", f"data.shard_cache_dir={cache}")
+        sharded = ("dataset=shards", f"dataset.cache_dir={cache}")
         local, folder = interleaved(lambda: rate(shards, *sharded), lambda: rate(SEED_DATA), rounds=5)
         report("local shards / ImageFolder img/s", local / folder, ">= 0.95", local / folder >= 0.95,
                f"{local:.0f} vs {folder:.0f} img/s, 320 px JPEGs -> 224, 2 workers, batch 64; {machine()}")
@@ -158,7 +158,7 @@ if __name__ == "__main__":
             share = max(stand_ins)
             client_ms = {where: min(seconds) * 1000 for where, seconds in client_s.items()}
             cold_rate, near_rate, local_rate = (max(rates) for rates in rounds.values())
-            unhidden = from_s3(30, tmp / "unhidden", "data.prefetch_shards=0")
+            unhidden = from_s3(30, tmp / "unhidden", "dataset.prefetch_shards=0")
             from_s3(30, tmp / "warm")  # fills the warm cache
             warm_rate, local_again = interleaved(lambda: from_s3(30, tmp / "warm"), from_disk, rounds=3)
         finally:
@@ -175,7 +175,7 @@ if __name__ == "__main__":
               f"S3 (download, cache file, index) vs {client_ms['local'] / len(tars):.1f} ms from the local disk")
         print(f"  cold 30 ms away / cold 0 ms away (the latency's own cost): {cold_rate / near_rate:.2f} "
               f"({near_rate:.0f} img/s 0 ms away)")
-        print(f"  without fetching ahead (data.prefetch_shards=0), cold 30 ms away / local: "
+        print(f"  without fetching ahead (dataset.prefetch_shards=0), cold 30 ms away / local: "
               f"{unhidden / local_rate:.2f} ({unhidden:.0f} img/s)")
         report("S3 30 ms away, warm cache / local shards img/s", warm_rate / local_again, ">= 0.95",
                warm_rate / local_again >= 0.95, f"{warm_rate:.0f} vs {local_again:.0f} img/s; {machine()}")

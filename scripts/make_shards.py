@@ -4,11 +4,14 @@ server or an S3-compatible store.
 
     python scripts/make_shards.py data/synthetic data/shards                  # an ImageFolder (train/ and val/)
     python scripts/make_shards.py data/photos data/shards --max-side 512      # re-encode large photos smaller
+    python scripts/make_shards.py data/synthetic-voc data/voc-shards          # a VOC folder: task=segmentation
     aws s3 sync data/shards s3://bucket/shards       # then train: dataset=shards data.root=s3://bucket/shards
 
 Each sample is `<key>.jpg` (or the file's own format) and `<key>.cls`, in an order shuffled by --seed; shards are
 `<split>/shard-NNNNNN.tar` of about --shard-bytes each; _info.json lists each shard's sample count and distinct
-labels (`labels_per_shard`: the training order's window is sized by how mixed they are). The output is
+labels (`labels_per_shard`: the training order's window is sized by how mixed they are). A Pascal VOC-layout folder
+(ImageSets/Segmentation/, dataset=voc) gives `<key>.jpg` and its mask `<key>.png`, both as stored, and _info.json
+says `"masks": true` and carries the folder's classes. The output is
 deterministic: the same input gives the same bytes (fixed tar headers), so a re-run does not re-upload. Sources: an
 ImageFolder (root/train, root/val), or any loadout source class (`--source pkg.Class` built with `split=`, that
 offers `read_encoded` or images).
@@ -30,6 +33,7 @@ from tqdm import tqdm
 from train.data.datasets import ImageFolderDataset
 from train.data.fast.decode import JPEG_MAGIC
 from train.data.source import as_uint8_tensor
+from train.data.voc import VOCSegmentation
 
 
 def encoded(source, index: int, max_side: int | None) -> tuple[bytes, str, int]:
@@ -55,6 +59,15 @@ def _format(data: bytes) -> str:
         return (image.format or "png").lower()
 
 
+def members(source, index: int, max_side: int | None) -> tuple[list[tuple[str, bytes]], int | None]:
+    """The sample's (extension, bytes) members and its label (None for a segmentation pair)."""
+    if hasattr(source, "read_files"):  # an image and its mask (voc.py): stored as they are
+        image, mask = source.read_files(index)
+        return [("jpg", image), ("png", mask)], None
+    data, ext, label = encoded(source, index, max_side)
+    return [(ext, data), ("cls", str(label).encode())], label
+
+
 def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o444, "loadout", "loadout"
@@ -76,11 +89,11 @@ def write_split(source, out: Path, split: str, shard_bytes: int, max_side: int |
             with tarfile.open(out / names[-1], "w", format=tarfile.USTAR_FORMAT) as tar:
                 while position < len(order) and size < shard_bytes:
                     index = order[position]
-                    data, ext, label = encoded(source, index, max_side)
-                    add(tar, f"{index:09d}.{ext}", data)
-                    add(tar, f"{index:09d}.cls", str(label).encode())
+                    parts, label = members(source, index, max_side)
+                    for ext, data in parts:
+                        add(tar, f"{index:09d}.{ext}", data)
                     labels.add(label)
-                    size, position = size + len(data) + 2048, position + 1
+                    size, position = size + sum(len(data) for ext, data in parts if ext != "cls") + 2048, position + 1
             lengths.append(position - start)
             distinct.append(len(labels))
             bar.update(position - start)
@@ -97,14 +110,17 @@ def main() -> None:
     parser.add_argument("--source", help="a source class of your own (pkg.Class(root, split=...)) instead of "
                         "ImageFolder")
     args = parser.parse_args()
-    make = get_object(args.source) if args.source else ImageFolderDataset
-    info = {"splits": {}}
+    voc = not args.source and (Path(args.src) / "ImageSets" / "Segmentation").is_dir()
+    if voc and args.max_side:
+        parser.error("--max-side: a VOC folder's images and masks are written as stored (resize them together first)")
+    make = get_object(args.source) if args.source else VOCSegmentation if voc else ImageFolderDataset
+    info = {"splits": {}, **({"masks": True} if voc else {})}
     for split in ("train", "val"):
         source = make(args.src, split=split)
         names, lengths, distinct = write_split(source, args.out, split, args.shard_bytes, args.max_side, args.seed)
         info["classes"] = list(source.classes)
         info["splits"][split] = {"filenames": names, "shard_lengths": lengths, "num_samples": sum(lengths),
-                                  "labels_per_shard": distinct}
+                                  **({} if voc else {"labels_per_shard": distinct})}
         print(f"{args.out / split}: {sum(lengths)} samples in {len(names)} shards")
     (args.out / "_info.json").write_text(json.dumps(info, indent=1) + "\n")
 

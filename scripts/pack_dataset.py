@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Pack an ImageFolder (root/train, root/val) or CIFAR-10 into loadout's memory-mapped uint8 format.
+"""Pack an ImageFolder (root/train, root/val), CIFAR-10 or a Pascal VOC-layout folder (images and masks) into
+loadout's memory-mapped uint8 format.
 
     python scripts/pack_dataset.py data/synthetic data/packed   # train with dataset=packed data.root=data/packed
     python scripts/pack_dataset.py cifar-10-batches-py data/cifar-packed --size 36
+    python scripts/pack_dataset.py data/synthetic-voc data/voc-packed --size 80   # task=segmentation dataset=packed
 
 Every image is made square at --size px (shorter side resized, centre crop); pick the training resize size
-(image_size * 256 / 224 by default) so training skips the Resize step. train/data/fast/packed.py reads the format.
+(image_size * 256 / 224 by default) so training skips the Resize step. A VOC folder's masks go through the same
+square (masks.npy). train/data/fast/packed.py reads the format.
 """
 
 import argparse
@@ -18,45 +21,52 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from train.data.datasets import Cifar10Dataset, ImageFolderDataset
-from train.data.fast.packed import IMAGES, META, TARGETS
+from train.data.fast.packed import IMAGES, MASKS, META, TARGETS
+from train.data.masks import as_mask, check_mask_size, fit_mask_square
 from train.data.source import as_uint8_tensor
 from train.data.transforms import fit_square
+from train.data.voc import VOCSegmentation
 
 log = logging.getLogger(__name__)
 
 
 class _Fitted(Dataset):
-    """(square image, label, ok) of a decodable dataset, for packing with DataLoader workers."""
+    """(square image, label or square mask, ok) of a decodable dataset, for packing with DataLoader workers."""
 
     def __init__(self, dataset, size: int):
         self.dataset, self.size = dataset, size
+        self.masks = hasattr(dataset, "mask_paths")  # a VOC folder (voc.py)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int):
         try:
-            image, label = self.dataset[index][:2]
-            image = fit_square(as_uint8_tensor(image), self.size)
+            image, target = self.dataset[index][:2]
+            image, mask = as_uint8_tensor(image), as_mask(target)
+            if mask is not None:
+                check_mask_size(image, mask)
+                target = fit_mask_square(mask, self.size)
+            return fit_square(image, self.size), target if mask is not None else int(target), True
         except (RuntimeError, OSError, ValueError) as err:
             log.warning("pack: skipping unreadable sample %d: %s", index, err)
-            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), -1
-        return image, int(label)
+            nothing = torch.zeros(self.size, self.size, dtype=torch.uint8) if self.masks else 0
+            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), nothing, False
 
 
 def pack_split(dataset, out_dir: str | Path, size: int, num_workers: int = 0, source: str = "") -> int:
-    """Write `dataset` (any source: `dataset[i]` = (image, label), `.classes`) as a packed split of
-    `size` px squares; unreadable samples are left out. Returns the number of samples written."""
+    """Write `dataset` (any source: `dataset[i]` = (image, label), `.classes`; or a VOC folder's (image, mask)) as a
+    packed split of `size` px squares; unreadable samples are left out. Returns the number of samples written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     n = len(dataset)
     images = np.lib.format.open_memmap(out_dir / (IMAGES + ".tmp"), mode="w+", dtype=np.uint8,
                                        shape=(n, 3, size, size))
-    targets = np.empty(n, dtype=np.int64)
+    fitted = _Fitted(dataset, size)
+    targets = np.empty((n, size, size) if fitted.masks else n, dtype=np.uint8 if fitted.masks else np.int64)
     written = 0
-    loader = DataLoader(_Fitted(dataset, size), batch_size=64, num_workers=num_workers)
-    for batch_images, batch_targets in loader:
-        keep = batch_targets >= 0
+    loader = DataLoader(fitted, batch_size=64, num_workers=num_workers)
+    for batch_images, batch_targets, keep in loader:
         count = int(keep.sum())
         images[written:written + count] = batch_images[keep].numpy()
         targets[written:written + count] = batch_targets[keep].numpy()
@@ -70,7 +80,7 @@ def pack_split(dataset, out_dir: str | Path, size: int, num_workers: int = 0, so
         (out_dir / (IMAGES + ".tmp")).unlink()
     else:
         (out_dir / (IMAGES + ".tmp")).replace(out_dir / IMAGES)
-    np.save(out_dir / TARGETS, targets[:written])
+    np.save(out_dir / (MASKS if fitted.masks else TARGETS), targets[:written])
     meta = {"classes": list(dataset.classes), "size": size, "source": source}
     (out_dir / META).write_text(json.dumps(meta, indent=1) + "\n")
     return written
@@ -78,7 +88,8 @@ def pack_split(dataset, out_dir: str | Path, size: int, num_workers: int = 0, so
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("src", type=Path, help="ImageFolder root with train/ and val/, or a cifar-10-batches-py folder")
+    parser.add_argument("src", type=Path, help="ImageFolder root with train/ and val/, a cifar-10-batches-py folder, "
+                        "or a VOC-layout folder (ImageSets/Segmentation/)")
     parser.add_argument("out", type=Path, help="output root: gets train/ and val/")
     parser.add_argument("--size", type=int, default=73, help="stored side in px (default 73: image_size 64)")
     parser.add_argument("--workers", type=int, default=2, help="decoding processes")
@@ -86,9 +97,10 @@ def main() -> None:
                         help="decode JPEGs whole (default: at the smallest DCT scale that keeps --size)")
     args = parser.parse_args()
     cifar = (args.src / "data_batch_1").is_file() or (args.src / "cifar-10-batches-py").is_dir()
+    voc = (args.src / "ImageSets" / "Segmentation").is_dir()
     for split in ("train", "val"):
-        dataset = Cifar10Dataset(args.src, split) if cifar else ImageFolderDataset(
-            args.src, split, min_side=None if args.full_decode else args.size)
+        dataset = Cifar10Dataset(args.src, split) if cifar else VOCSegmentation(args.src, split) if voc else \
+            ImageFolderDataset(args.src, split, min_side=None if args.full_decode else args.size)
         written = pack_split(dataset, args.out / split, args.size, args.workers, source=str(args.src))
         print(f"{args.out / split}: {written} of {len(dataset)} images at {args.size}x{args.size}")
 

@@ -75,6 +75,7 @@ def test_num_workers_auto_divides_cores_among_local_processes():
     ("data.batch_size=big", "data.batch_size"),
     ("data.pin_memory=maybe", "data.pin_memory"),
     ("trainer.epoch=3", "epoch"),
+    ("data.sampler=shuffled", "data.sampler"),
 ])
 def test_typos_and_wrong_types_fail_at_composition(override, message):
     with pytest.raises(ConfigCompositionException) as err:
@@ -90,7 +91,6 @@ def test_typos_and_wrong_types_fail_at_composition(override, message):
     (["data.batch_size=-4"], "data.batch_size=-4", "positive"),
     (["data.timeout=-1"], "data.timeout=-1", ">= 0"),
     (["data.prefetch_factor=0"], "data.prefetch_factor=0", ">= 1"),
-    (["data.sampler=shuffled"], "data.sampler='shuffled'", "distributed"),
     (["trainer.epochs=0"], "trainer.epochs=0", "positive"),
     (["trainer.max_steps=-1"], "trainer.max_steps=-1", "positive"),
     (["trainer.resume=/no/such/file.pt"], "trainer.resume", "no such checkpoint"),
@@ -123,3 +123,71 @@ def test_under_torchrun_a_profile_worker_count_is_capped_in_one_line(small_run_a
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr
     assert out.count("data.num_workers: the profile's 3 capped to") == 1, out[-3000:]
+
+
+@pytest.mark.parametrize("override, line", [
+    ("data.decode=devcie", "data.decode=devcie: data.decode takes one of cpu, device, not 'devcie'"),
+    ("data.multiprocessing_context=thread", "takes one of fork, spawn, forkserver or null, not 'thread'"),
+    ("trainer.precision=fp8", "trainer.precision takes one of auto, bf16, fp16, fp32, not 'fp8'"),
+    ("trainer.compile_mode=fast", "takes one of default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
+])
+def test_a_closed_choice_names_its_choices_in_one_line(override, line):
+    from train.run.overrides import check_command_line
+
+    with pytest.raises(ConfigError) as err:
+        check_command_line([override])
+    assert line in str(err.value) and "\n" not in str(err.value)
+
+
+def test_closed_choices_read_and_save_as_plain_text(tmp_path):
+    """An Enum field equals its text, saves as it (an old run's config.yaml holds plain strings) and reaches the
+    trackers and checkpoints as a plain str."""
+    cfg = compose_config(["data.on_bad_sample=raise", "trainer.compile_mode=reduce-overhead", "data.decode=device"])
+    assert cfg.data.on_bad_sample == "raise" and cfg.data.decode == "device" and f"{cfg.data.decode}" == "device"
+    assert "compile_mode: reduce-overhead" in OmegaConf.to_yaml(cfg)
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert type(plain["trainer"]["precision"]) is str
+    torch.save({"decode": plain["data"]["decode"]}, tmp_path / "c.pt")
+    assert torch.load(tmp_path / "c.pt", weights_only=True) == {"decode": "device"}
+
+
+@pytest.mark.parametrize("override, line", [
+    ("dataset.shuffle_window=0", "dataset.shuffle_window=0: use an integer >= 1, or null"),
+    ("dataset.prefetch_shards=-1", "dataset.prefetch_shards=-1: use an integer >= 0"),
+    ("dataset.cache_bytes=-5", "dataset.cache_bytes=-5: use an integer >= 0"),
+])
+def test_a_sharded_datasets_store_settings_fail_before_anything_is_read(override, line, tmp_path):
+    from train.data.remote.shards import ShardSource
+
+    cfg = compose_config(["dataset=shards", override])
+    spec = {key: value for key, value in OmegaConf.to_container(cfg.dataset).items() if key != "_target_"}
+    with pytest.raises(ConfigError, match=line):
+        ShardSource(**{**spec, "root": str(tmp_path / "none")})
+
+
+def test_the_store_settings_left_data_and_an_old_run_replays_them_under_dataset(tmp_path):
+    from train.run.overrides import check_command_line
+    from train.run.resume_run import replay
+
+    with pytest.raises(ConfigError, match="^data.shuffle_window: did you mean dataset.shuffle_window"):
+        check_command_line(["dataset=shards", "data.shuffle_window=2"])
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(
+        "- dataset=shards\n- data.shuffle_window=2\n- data.prefetch_shards=0\n- data.shard_cache_dir=/c\n")
+    argv = replay(["trainer.resume=auto"], tmp_path)
+    cfg = check_command_line([o for o in argv if not o.startswith("hydra.")])
+    assert (cfg.dataset.shuffle_window, cfg.dataset.prefetch_shards, cfg.dataset.cache_dir) == (2, 0, "/c")
+
+
+def test_a_sweep_with_a_value_outside_a_choice_fails_in_the_same_line():
+    from hydra import initialize_config_dir
+
+    from train.config import register
+    from train.run.cli_help import CONF
+    from train.tune.config import check_sweep, register_tune
+
+    register()
+    register_tune()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"), pytest.raises(ConfigError) as err:
+        check_sweep("tune", ["hardware=cpu", "data.decode=cpu,devcie"])
+    assert str(err.value) == "data.decode=devcie: data.decode takes one of cpu, device, not 'devcie'"

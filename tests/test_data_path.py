@@ -132,6 +132,16 @@ def test_same_seed_same_batches_whatever_the_workers_and_distinct_across_ranks(t
     assert not any(torch.equal(x[0], y[0]) for x, y in zip(*ranks, strict=True))
 
 
+@pytest.mark.slow
+def test_spawned_workers_get_the_pipeline_by_pickle_and_give_the_forked_workers_batches(tiny_dataset):
+    """data.multiprocessing_context=spawn pickles the samples, transforms and all, into each worker."""
+    env = DistEnv()
+    forked = epoch_batches(data_from_config(data_cfg(tiny_dataset, "data.num_workers=2"), env, CPU), 0)
+    spawned = epoch_batches(data_from_config(data_cfg(tiny_dataset, "data.num_workers=2",
+                                                      "data.multiprocessing_context=spawn"), env, CPU), 0)
+    assert same(forked, spawned)
+
+
 # -- epochs under persistent workers, the stream and its position ----------------------------------------------
 class Curriculum(Dataset):
     """An epoch-aware source: each sample's pixels are (the epoch its worker's copy believes it is in, index)."""

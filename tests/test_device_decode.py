@@ -144,7 +144,6 @@ def test_resume_mid_epoch_gives_exactly_the_remaining_batches(tiny_dataset):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["data.decode=gpu"], "data.decode='gpu': choose cpu"),
     (["data.decode=device", "data.device_transforms=false"], "set data.device_transforms=true"),
     (["data.decode=device", "data.cache_bytes=1000"], "data.cache_bytes=1000: the sample cache holds CPU-decoded"),
 ])
@@ -175,6 +174,7 @@ def unloadable_torchcodec(tmp_path) -> str:
     return f"{fake.parent}{os.pathsep}{ROOT}"
 
 
+@pytest.mark.slow
 def test_a_torchcodec_that_does_not_load_is_one_line(small_run_args, unloadable_torchcodec):
     result = run_cli([*small_run_args, "data.decode=device", "data.num_workers=0"],
                      env={"PYTHONPATH": unloadable_torchcodec}, timeout=120)

@@ -40,7 +40,10 @@ def tree(folder: Path) -> dict[str, tuple[int, int]]:
     ("data.batch_size=abc", "data.batch_size=abc: data.batch_size takes an integer, not 'abc'"),
     ("trainer.max_steps=2.5", "trainer.max_steps=2.5: trainer.max_steps takes an integer or null, not '2.5'"),
     ("data.pin_memory=maybe", "data.pin_memory takes true or false"),
+    ("data.decode=devcie", "data.decode=devcie: data.decode takes one of cpu, device, not 'devcie'"),
+    ("trainer.label_smoothing=0.1", "trainer.label_smoothing: did you mean task.label_smoothing?"),
 ])
+@pytest.mark.slow  # one `python -m train` each; test_a_bad_value_keeps_its_credentials_out_of_the_error stays fast
 def test_a_bad_option_or_type_fails_in_one_line_before_anything_is_written(override, line, tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(["hardware=cpu", override, f"hydra.run.dir={run_dir}"])
@@ -49,6 +52,7 @@ def test_a_bad_option_or_type_fails_in_one_line_before_anything_is_written(overr
     assert result.stdout == "" and not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_an_option_hint_names_only_what_works():
     result = run_cli(["hardware=rtx5090", "--cfg", "job"])
     assert result.returncode == 2 and "_target_" not in result.stderr, result.stderr  # hardware has no class
@@ -63,6 +67,7 @@ def test_an_option_hint_names_only_what_works():
     ("optimizer._target_=torch.optim.Nope", "optimizer._target_=torch.optim.Nope: cannot import"),
     ("model._target_=nope.Model", "model._target_=nope.Model: cannot import"),
 ])
+@pytest.mark.slow
 def test_an_error_after_composition_is_printed_once(override, message, tiny_dataset, tmp_path):
     result = run_cli(["hardware=cpu", f"data.root={tiny_dataset}", "data.num_workers=0", override,
                       f"hydra.run.dir={tmp_path / 'run'}"])
@@ -86,6 +91,7 @@ def test_help_lists_the_groups_and_keys_quickly():
             assert key.split(".")[-1] in cfg[key.split(".")[0]], f"--help names {key}, which the schema lacks"
 
 
+@pytest.mark.slow
 def test_cfg_job_prints_resolved_values():
     result = run_cli(["--cfg", "job", "hardware=auto"])
     assert result.returncode == 0, result.stderr
@@ -97,6 +103,7 @@ def test_cfg_job_prints_resolved_values():
     (["hardware=cpu", "--info", "config"], "Config search path"),
     (["hardware=cpu", "-i"], "Installed Hydra Plugins"),
 ])
+@pytest.mark.slow
 def test_hydra_flags_keep_their_values(args, printed):
     result = run_cli(args)
     assert result.returncode == 0, result.stderr
@@ -110,6 +117,7 @@ def test_a_bad_value_keeps_its_credentials_out_of_the_error():
                              "'https://***@host/x'\n")
 
 
+@pytest.mark.slow
 def test_a_missing_url_root_keeps_its_credentials_out_of_the_error(tmp_path):
     result = run_cli(["hardware=cpu", "data.root=https://user:secret@127.0.0.1:1/data", f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 2 and "secret" not in result.stdout + result.stderr
@@ -121,10 +129,10 @@ def test_torchrun_ranks_share_one_readable_run_dir_name():
     run_id = "3f2a9c1b-0d4e-4c5b-9a8f-1234567890ab"
     code = "from train.run.run_dir import run_dir_name; print(run_dir_name())"
     names = []
-    for _ in range(2):  # two "ranks" of one agent (this process), a second apart
+    for rank in range(2):  # two "ranks" of one agent (this process), a second apart
+        time.sleep(1.1 * rank)
         names.append(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                                     env={**os.environ, "TORCHELASTIC_RUN_ID": run_id}).stdout.strip())
-        time.sleep(1.1)
     assert names[0] == names[1], names
     assert re.fullmatch(r"torchrun/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d-3f2a9c1b", names[0]), names[0]
     os.environ["TORCHELASTIC_RUN_ID"] = "job-4711"  # a chosen --rdzv-id (a Slurm job id): every node shares it

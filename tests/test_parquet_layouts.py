@@ -111,7 +111,7 @@ def test_a_dataset_saved_from_image_files_trains(tiny_dataset, tmp_path):
     root = write_split_layout(tiny_dataset, tmp_path / "set", relative)
     result = run_cli(["hardware=cpu", "dataset=parquet", f"data.root={root}", "data.image_size=32",
                       "data.batch_size=16", "data.num_workers=2", "trainer.max_steps=2", "trainer.progress=false",
-                      f"data.shard_cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"])
+                      f"dataset.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"])
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = read_metrics(tmp_path / "run")
     assert metrics and not any(row.get("bad_samples") for row in metrics)
@@ -127,7 +127,7 @@ def test_missing_image_files_are_bad_samples_skipped_and_counted(tiny_dataset, t
         file_of(train, index).unlink()
     cfg = compose_config(["hardware=cpu", "dataset=parquet", f"data.root={root}", "data.image_size=32",
                           "data.batch_size=16", "data.num_workers=2", "data.drop_last=false",
-                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+                          f"dataset.cache_dir={tmp_path / 'cache'}"])
     with data_from_config(cfg, DistEnv(), CPU) as data:
         data.set_epoch(0)
         batches = list(data.train)
@@ -205,9 +205,9 @@ def test_a_large_remote_file_is_read_by_row_group_with_range_requests(tiny_datas
         assert not list(cache.glob(f"*{train_file}")), "never fetched whole"
 
         cfg = compose_config(["hardware=cpu", "dataset=parquet", f"data.root={url}", "data.image_size=32",
-                              "data.batch_size=16", "data.num_workers=2", "data.prefetch_shards=0",
+                              "data.batch_size=16", "data.num_workers=2", "dataset.prefetch_shards=0",
                               f"dataset.whole_file_bytes={size // 2}",
-                              f"data.shard_cache_dir={cache}"])
+                              f"dataset.cache_dir={cache}"])
         with data_from_config(cfg, DistEnv(), CPU) as data:  # forked workers read, each with its own handle
             data.set_epoch(0)
             batches = list(data.train)

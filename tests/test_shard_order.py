@@ -75,8 +75,8 @@ def test_a_window_that_cannot_mix_sorted_shards_is_said_in_one_line(sorted_shard
         assert shard_window(source.shard_starts, 4, source.label_spread) == 4  # set: kept, and said
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "\n" not in warnings[0]
-    assert "data.shuffle_window: the shards are sorted by label" in warnings[0]
-    assert "set data.shuffle_window=null" in warnings[0] and "make_shards.py" in warnings[0]
+    assert "dataset.shuffle_window: the shards are sorted by label" in warnings[0]
+    assert "set dataset.shuffle_window=null" in warnings[0] and "make_shards.py" in warnings[0]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="train.data.remote.shard_order"):
         shard_window(source.shard_starts, None, source.label_spread)  # the default mixes them: nothing to warn of
@@ -140,7 +140,7 @@ def test_the_sized_window_is_bounded_and_says_so_when_sorted_shards_need_more(ca
         window = shard_window(starts, None, lambda: spread)
     assert window == MOST_SAMPLES // 1000
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "set data.shuffle_window=1300" in warnings[0]
+    assert len(warnings) == 1 and "set dataset.shuffle_window=1300" in warnings[0]
 
 
 def test_shards_hold_no_more_indexes_than_a_window_needs(sorted_shards, tmp_path):
@@ -184,7 +184,7 @@ def test_the_training_batches_over_sorted_shards_mix_labels_at_the_default_setti
 
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={sorted_shards}", "data.image_size=32",
                           f"data.batch_size={BATCH}", "data.num_workers=2", "trainer.epochs=1",
-                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+                          f"dataset.cache_dir={tmp_path / 'cache'}"])
     with data_from_config(cfg, DistEnv(), torch.device("cpu")) as data:
         data.train.batches.start_epoch, data.train.batches.start_batch = 0, 0
         batches = [batch.targets.numpy() for batch in data.train.loader]
@@ -212,9 +212,9 @@ def test_class_sorted_shards_train_like_the_folder_at_the_default_settings(learn
     run_dir = tmp_path / "run"
     result = run_cli(["hardware=cpu", "dataset=shards", f"data.root={tmp_path / 'wds'}", "data.image_size=32",
                       "data.batch_size=16", "data.num_workers=2", "trainer.epochs=2", "trainer.progress=false",
-                      f"data.shard_cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}"])
+                      f"dataset.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stderr
     assert read_metrics(run_dir)[-1]["val_acc"] >= 0.6
     said = result.stdout + result.stderr
-    assert "data.shuffle_window=null: 30 shards shuffled together" in said and "(sorted by label)" in said
+    assert "dataset.shuffle_window=null: 30 shards shuffled together" in said and "(sorted by label)" in said
     assert "walks through the classes" not in said, "the default window mixes them: nothing to warn of"

@@ -159,7 +159,7 @@ def test_webdataset_shardwriter_shards_read_as_they_are(tiny_dataset, tmp_path):
 
 def test_weighted_sampling_over_shards_is_refused_in_one_line(shards, tmp_path):
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={shards}", "data.sampler=weighted",
-                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+                          f"dataset.cache_dir={tmp_path / 'cache'}"])
     with pytest.raises(ConfigError, match="data.sampler=weighted: the dataset offers no `targets`"):
         data_from_config(cfg, DistEnv(), CPU)
 
@@ -237,7 +237,7 @@ def test_the_window_order_splits_uneven_shards_equally_over_ranks_and_covers_eve
 def test_training_batches_from_shards_resume_exactly(shards, tmp_path):
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={shards}", "data.image_size=32",
                           "data.batch_size=16", "data.num_workers=2", "trainer.epochs=2",
-                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+                          f"dataset.cache_dir={tmp_path / 'cache'}"])
     whole, rest = whole_and_resumed(cfg, 1, taken=5)
     assert len(whole) == 15 and len(rest) == 10
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, whole[5:], strict=True))
@@ -298,7 +298,7 @@ def test_a_missing_prefix_fails_in_one_line_naming_the_url_never_the_secret(s3_e
 @pytest.mark.slow
 def test_a_run_trains_from_the_s3_server_and_keeps_the_secret_out_of_its_files(s3, small_run_args, tmp_path):
     result = run_cli([*small_run_args, "dataset=shards", "data.root=s3://loadout/shards", "data.num_workers=2",
-                      f"data.shard_cache_dir={tmp_path / 'cache'}", "trainer.epochs=1"], env=s3)
+                      f"dataset.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1"], env=s3)
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_metrics(tmp_path / "run")[-1]["val_samples"] == 80
     for path in (tmp_path / "run").rglob("*"):
@@ -380,7 +380,7 @@ def test_shards_that_404_mid_run_are_skipped_and_counted(shards, tmp_path):
     with nginx_serving(served, tmp_path / "nginx") as url:
         cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={url}", "data.image_size=32",
                               "data.batch_size=16", "data.num_workers=2", "data.drop_last=false",
-                              "data.prefetch_shards=0", f"data.shard_cache_dir={tmp_path / 'cache'}"])
+                              "dataset.prefetch_shards=0", f"dataset.cache_dir={tmp_path / 'cache'}"])
         with data_from_config(cfg, DistEnv(), CPU) as data:
             starts = data.samples[0].shard_starts
             first = int(np.searchsorted(starts, 0, side="right")) - 1  # fetched by the start-up check
@@ -410,13 +410,13 @@ def test_a_password_in_an_http_root_reaches_no_log_message_or_run_file(shards, s
     with nginx_serving(served, tmp_path / "nginx") as url:
         env = {"SHARDS_URL": url.replace("http://", "http://alice:s3cret@")}
         run = [*small_run_args, "dataset=shards", "data.root=${oc.env:SHARDS_URL}", "trainer.max_steps=2",
-               "trainer.epochs=1", "logger=[tensorboard,csv]", f"data.shard_cache_dir={tmp_path / 'cache'}"]
+               "trainer.epochs=1", "logger=[tensorboard,csv]", f"dataset.cache_dir={tmp_path / 'cache'}"]
         trained = run_cli(run, cwd=tmp_path, env=env)
         assert trained.returncode == 0, trained.stderr[-3000:]
         assert "data.root=http://***@127.0.0.1:" in trained.stdout + trained.stderr
         (served / "train" / "shard-000001.tar").unlink()
         typed = [f"data.root={env['SHARDS_URL']}" if arg.startswith("data.root=") else arg for arg in run]
-        failed = run_cli([*typed, f"hydra.run.dir={tmp_path / 'second'}", f"data.shard_cache_dir={tmp_path / 'fresh'}"],
+        failed = run_cli([*typed, f"hydra.run.dir={tmp_path / 'second'}", f"dataset.cache_dir={tmp_path / 'fresh'}"],
                          cwd=tmp_path, env=env)  # the URL typed on the command line this time
     assert failed.returncode == 2
     assert "error: shard http://***@127.0.0.1:" in failed.stderr, failed.stderr[-3000:]
@@ -439,7 +439,7 @@ def test_two_ranks_over_uneven_shards_step_alike_and_resume_at_another_worker_co
 
     args = ["hardware=cpu", "dataset=shards", f"data.root={shards}", "data.image_size=32", "data.batch_size=14",
             "data.num_workers=1", "trainer.epochs=2", "trainer.progress=false", RECORD_SAMPLES,
-            f"data.shard_cache_dir={tmp_path / 'cache'}", "data.drop_last=false"]
+            f"dataset.cache_dir={tmp_path / 'cache'}", "data.drop_last=false"]
     (tmp_path / "reference").mkdir()
     result = torchrun(args, tmp_path / "reference")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -523,7 +523,7 @@ def test_a_hub_parquet_dataset_from_the_s3_server(tiny_dataset, s3_env, tmp_path
     assert torch.equal(remote[33][0], local[33][0]) and len(list((tmp_path / "cache").glob("*.parquet"))) == 1
     cfg = compose_config(["hardware=cpu", "dataset=parquet", "data.root=s3://loadout/hub", "data.image_size=32",
                           "data.batch_size=16", "data.num_workers=2", "trainer.epochs=1",
-                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+                          f"dataset.cache_dir={tmp_path / 'cache'}"])
     with data_from_config(cfg, DistEnv(), CPU) as data:  # trained from the store: every sample, none bad
         data.set_epoch(0)
         batches = list(data.train)
@@ -548,7 +548,7 @@ def test_a_truncated_shard_keeps_its_whole_samples_and_a_corrupt_member_is_skipp
         f.write(b"\x00" * int(second["sizes"][0]))
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={damaged}", "data.image_size=32",
                           "data.batch_size=16", "data.num_workers=2", "trainer.epochs=1", "data.drop_last=false",
-                          f"data.shard_cache_dir={tmp_path / 'cache'}"])
+                          f"dataset.cache_dir={tmp_path / 'cache'}"])
     with data_from_config(cfg, DistEnv(), CPU) as data:
         data.set_epoch(0)
         batches = list(data.train)
@@ -567,7 +567,7 @@ def test_sigterm_mid_epoch_on_s3_shards_resumes_to_the_uninterrupted_runs_sample
     def args(run_dir: Path, *extra: str) -> list[str]:
         return ["hardware=cpu", "dataset=shards", "data.root=s3://loadout/shards", "data.image_size=32",
                 "data.batch_size=16", "data.num_workers=2", "trainer.epochs=2", "trainer.deterministic=true",
-                RECORD_SAMPLES, "trainer.progress=false", f"data.shard_cache_dir={tmp_path / 'cache'}",
+                RECORD_SAMPLES, "trainer.progress=false", f"dataset.cache_dir={tmp_path / 'cache'}",
                 f"hydra.run.dir={run_dir}", *extra]
 
     reference = tmp_path / "reference"
@@ -615,14 +615,14 @@ def cached_shards(cache: Path) -> set[str]:
 @pytest.mark.slow
 def test_the_next_shards_are_fetched_ahead_of_the_workers_and_no_further(far_s3, monkeypatch, tmp_path):
     """Cold cache, 30 ms a request: while the first batches are read, a thread of the main process fetches the
-    shards the order reaches next (more than the workers have read), but only data.prefetch_shards past them."""
+    shards the order reaches next (more than the workers have read), but only dataset.prefetch_shards past them."""
     env, _ = far_s3
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     cache = tmp_path / "cache"
     cfg = compose_config(["hardware=cpu", "dataset=shards", "data.root=s3://loadout/shards", "data.image_size=32",
                           "data.batch_size=16", "data.num_workers=2", "data.prefetch_factor=1",
-                          "data.shuffle_window=1", "data.prefetch_shards=4", f"data.shard_cache_dir={cache}"])
+                          "dataset.shuffle_window=1", "dataset.prefetch_shards=4", f"dataset.cache_dir={cache}"])
     with data_from_config(cfg, DistEnv(), CPU) as data:
         data.set_epoch(0)
         batches = iter(data.train)
@@ -652,7 +652,7 @@ def test_a_store_that_stops_answering_mid_epoch_costs_skipped_samples_not_a_hang
     cache = tmp_path / "cache"
     proc = subprocess.Popen([sys.executable, "-m", "train", *small_run_args, "dataset=shards",
                              "data.root=s3://loadout/shards", "data.num_workers=2", "data.timeout=10",
-                             "trainer.epochs=1", f"data.shard_cache_dir={cache}"], cwd=tmp_path,
+                             "trainer.epochs=1", f"dataset.cache_dir={cache}"], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: cached_shards(cache), 120, "the first shard to be fetched", interval=0.01)
@@ -718,7 +718,7 @@ def test_a_credential_revoked_mid_epoch_skips_and_counts_and_then_fails_at_start
     env, revoke = s3_with_keys
     proxy, url = start_proxy(env["AWS_ENDPOINT_URL"], 100)  # slow enough that most shards are still remote
     args = [*small_run_args, "dataset=shards", "data.root=s3://loadout/shards", "data.num_workers=2",
-            "data.prefetch_shards=1", "trainer.epochs=1", f"data.shard_cache_dir={tmp_path / 'cache'}"]
+            "dataset.prefetch_shards=1", "trainer.epochs=1", f"dataset.cache_dir={tmp_path / 'cache'}"]
     try:
         proc = subprocess.Popen([sys.executable, "-m", "train", *args], cwd=tmp_path,
                                 env={**os.environ, "PYTHONPATH": str(ROOT), **env, "AWS_ENDPOINT_URL": url},
@@ -732,7 +732,7 @@ def test_a_credential_revoked_mid_epoch_skips_and_counts_and_then_fails_at_start
     assert proc.returncode == 0, out[-3000:]
     assert "access refused" in out and env["AWS_SECRET_ACCESS_KEY"] not in out, out[-3000:]
     assert read_metrics(tmp_path / "run")[-1]["bad_samples"] > 100
-    again = run_cli([*args, f"hydra.run.dir={tmp_path / 'again'}", f"data.shard_cache_dir={tmp_path / 'cold'}"],
+    again = run_cli([*args, f"hydra.run.dir={tmp_path / 'again'}", f"dataset.cache_dir={tmp_path / 'cold'}"],
                     env=env)
     assert again.returncode != 0
     last = again.stderr.strip().splitlines()[-1]

@@ -204,6 +204,7 @@ def test_a_tracker_that_fails_is_warned_about_once_and_used_again_when_it_answer
     assert "logger.flaky answers again" in caplog.text
 
 
+@pytest.mark.slow
 def test_an_mlflow_server_not_there_fails_at_start_in_one_line_without_its_credentials(tiny_dataset, tmp_path):
     """Nothing listens at MLFLOW_TRACKING_URI: one line before any worker (not minutes of MLflow's retries and then
     a traceback mid-epoch), its password masked."""
@@ -258,6 +259,7 @@ def test_wandb_offline_run_is_continued_by_a_resume(tiny_dataset, tmp_path):
     assert config["data.batch_size"] == '"16"'
 
 
+@pytest.mark.slow
 def test_a_tracker_whose_library_is_missing_fails_in_one_line_naming_the_extra(tiny_dataset, tmp_path):
     shadow = tmp_path / "shadow" / "mlflow"  # an import of mlflow that fails, as where it was never installed
     shadow.mkdir(parents=True)
@@ -292,6 +294,7 @@ def test_grad_clip_bounds_the_update_and_grad_norm_is_the_norm_before_clipping()
     assert clipped_norm == pytest.approx(norm, rel=1e-5) and clipped_moved == pytest.approx(0.5, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_a_run_records_lr_grad_norm_and_top5(small_run_args):
     result = run_cli([*small_run_args, "trainer.epochs=1", "trainer.max_steps=4", "logger=[]"])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -300,21 +303,13 @@ def test_a_run_records_lr_grad_norm_and_top5(small_run_args):
     assert "top5 " in result.stdout and "grad_norm " in result.stdout  # the epoch line
 
 
-@pytest.mark.parametrize(("old", "named"), [("data.dataset=cifar10", "use dataset=<name> (the dataset group"),
-                                            ("trainer.tensorboard=false", "use the logger group")])
-def test_an_old_key_is_refused_naming_its_replacement(old, named):
-    result = run_cli([old, "hardware=cpu"], timeout=120)
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"error: {old.split('=')[0]}: renamed; {named}"), line
-
-
 def without_tracker_env(home: Path) -> dict:
     """This environment with no W&B or MLflow setting in it and HOME at `home` (no ~/.netrc, no settings files)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("WANDB_", "MLFLOW_"))}
     return {**env, "HOME": str(home), "PYTHONPATH": str(ROOT)}
 
 
+@pytest.mark.slow
 def test_wandb_without_a_key_or_mode_fails_at_start_in_one_line_and_never_prompts(tiny_dataset, tmp_path):
     """On a terminal (stdin, stdout and stderr a pty) W&B would ask "Enter your choice" mid-epoch; the run refuses
     at start instead, saying what to set, before any figure."""
@@ -345,6 +340,7 @@ def test_wandb_without_a_key_or_mode_fails_at_start_in_one_line_and_never_prompt
     assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "wandb").exists()
 
 
+@pytest.mark.slow
 def test_mlflow_without_a_tracking_uri_keeps_its_store_in_the_run_dir(tiny_dataset, tmp_path):
     """MLflow's own default is mlflow.db (and mlruns/) in the working directory; here it is the run dir's."""
     from mlflow import MlflowClient
@@ -364,6 +360,7 @@ def test_mlflow_without_a_tracking_uri_keeps_its_store_in_the_run_dir(tiny_datas
     assert [m.step for m in client.get_metric_history(run.info.run_id, "epoch/val_acc")] == [3]
 
 
+@pytest.mark.slow
 def test_tensorboard_gets_the_config_text_at_the_first_logged_step(tiny_dataset, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -92,7 +92,7 @@ def test_the_rest_of_the_epoch_is_every_untrained_sample_once_then_epochs_as_a_f
 
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 3)])
 def test_shards_contiguous_split_resumes_at_another_count_each_sample_once(shards, tmp_path, before, after):
-    extra = ("dataset=shards", f"data.shard_cache_dir={tmp_path / 'cache'}")
+    extra = ("dataset=shards", f"dataset.cache_dir={tmp_path / 'cache'}")
     first, state = stop([stream(shards, r, before, *extra) for r in range(before)], 0, 3)
     streams, _ = resume(shards, after, state, *extra)
     rests = [take(train, 0) for train in streams]

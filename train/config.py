@@ -17,17 +17,6 @@ from train.data.config import DataConfig, check_data
 from train.errors import bad_value
 from train.loop.config import TrainerConfig, check_trainer
 
-# Keys that were renamed: the old name is refused in one line naming the new one.
-RENAMED = {
-    "trainer.amp": "trainer.precision (auto | bf16 | fp16 | fp32; auto picks bf16 where the device runs it natively)",
-    "trainer.cpu_bf16": "trainer.precision (auto | bf16 | fp32 on a CPU; auto = bf16 where the CPU has it natively)",
-    "trainer.tensorboard": "the logger group (a list of trackers: logger=[tensorboard,csv]; logger=[] for none)",
-    "data.dataset": "dataset=<name> (the dataset group: conf/dataset/*.yaml)",
-    "trainer.label_smoothing": "task.label_smoothing (task=classification's loss)",
-}
-# Group options that were renamed: `augment=seed` is refused in one line naming the new option.
-RENAMED_OPTIONS = {"augment/seed": "augment=crop_flip"}
-
 # `_target_` specs (conf/<group>/)
 SWAPPABLE_GROUPS = ("task", "dataset", "model", "optimizer", "scheduler", "augment")
 

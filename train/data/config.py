@@ -5,12 +5,16 @@ loader that reads it (train/data/loader/plan.py), with the checks Hydra cannot m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from train.errors import bad_value, shown
 
-SAMPLERS = ("auto", "random", "sequential", "weighted", "distributed")
-MP_CONTEXTS = (None, "fork", "spawn", "forkserver")
+# The closed choices, enforced by OmegaConf as the command line is read; a StrEnum equals its text ("cpu").
+Sampler = StrEnum("Sampler", ["auto", "random", "sequential", "weighted", "distributed"])
+MultiprocessingContext = StrEnum("MultiprocessingContext", ["fork", "spawn", "forkserver"])
+OnBadSample = StrEnum("OnBadSample", ["warn", "raise"])
+Decode = StrEnum("Decode", ["cpu", "device"])
 # DataLoader knobs that mean something only with workers, and the values that leave each off (the first is set).
 WORKER_ONLY_KNOBS: dict[str, tuple] = {
     "prefetch_factor": (None,),
@@ -30,14 +34,14 @@ class DataConfig:
     # DataLoader knobs. batch_size is per process (per GPU) under torchrun.
     batch_size: int = 32
     shuffle: bool = True
-    sampler: str = "auto"
+    sampler: Sampler = Sampler.auto
     num_workers: Any = "auto"  # an integer, or "auto" = floor(0.75 * usable cores / processes on this node)
     pin_memory: bool = False
     prefetch_factor: int | None = None  # batches per worker; None = DataLoader's default
     persistent_workers: bool = False
     drop_last: bool = True
     timeout: float | None = None  # seconds a worker may take for one batch; null = 600 with workers, 0 = forever
-    multiprocessing_context: str | None = None
+    multiprocessing_context: MultiprocessingContext | None = None
     in_order: bool = True
     # Host-to-device path.
     non_blocking: bool = True
@@ -45,19 +49,10 @@ class DataConfig:
     # Data-path extras.
     scaled_decode: bool = True  # decode large JPEGs at the DCT scale (1/2, 1/4, 1/8) the resize needs, not whole
     cache_bytes: int = 0  # shared-memory cache of decoded training samples (JPEG datasets); 0 = off
-    on_bad_sample: str = "warn"  # warn (skip and count) | raise
+    on_bad_sample: OnBadSample = OnBadSample.warn  # warn (skip and count) | raise
     # cpu: workers decode | device: workers ship encoded bytes, the batch is decoded on the training device
     # (torchcodec: batched nvJPEG on CUDA; train/data/fast/encoded.py)
-    decode: str = "cpu"
-    # dataset=shards|parquet: where shards from http(s):// or s3:// are kept on this node (null:
-    # ~/.cache/loadout/shards), the cache's bound in bytes (0: none; least recently used shards go), the shards
-    # shuffled together (null: sized from their labels, train/data/remote/shard_order.py: 4 where they look shuffled,
-    # enough to mix label-sorted ones up to 65,536 samples), and how many shards past the one being read are fetched
-    # ahead (0: none)
-    shard_cache_dir: str | None = None
-    shard_cache_bytes: int = 0
-    shuffle_window: int | None = None
-    prefetch_shards: int = 8
+    decode: Decode = Decode.cpu
     # between epochs, more workers (within the cores' share and memory), then a deeper prefetch, where the epoch's
     # diagnosis says the workers are the bound; fewer when memory nears its limit (train/data/loader/autotune.py)
     autotune: bool = False
@@ -78,15 +73,6 @@ def drop_worker_knobs(cfg: Any, typed: set[str] = frozenset()) -> list[str]:
 
 def check_data(data: Any) -> None:
     """Reject `data:` settings that are wrong together, naming the key and the fix, before any worker starts."""
-    if data.sampler not in SAMPLERS:
-        bad_value("data.sampler", data.sampler, f"choose one of {', '.join(SAMPLERS)}")
-    if data.multiprocessing_context not in MP_CONTEXTS:
-        bad_value("data.multiprocessing_context", data.multiprocessing_context,
-                  "choose null, fork, spawn or forkserver")
-    if data.on_bad_sample not in ("warn", "raise"):
-        bad_value("data.on_bad_sample", data.on_bad_sample, "choose warn or raise")
-    if data.decode not in ("cpu", "device"):
-        bad_value("data.decode", data.decode, "choose cpu (workers decode) or device (decoded on the training device)")
     if data.decode == "device" and not data.device_transforms:
         bad_value("data.decode", data.decode, "decoded on the device, images are normalized there too: set "
               "data.device_transforms=true")
@@ -99,12 +85,9 @@ def check_data(data: Any) -> None:
     for key in ("batch_size", "image_size"):
         if getattr(data, key) < 1:
             bad_value(f"data.{key}", getattr(data, key), "use a positive integer")
-    for key in ("timeout", "cache_bytes", "shard_cache_bytes", "prefetch_shards"):
+    for key in ("timeout", "cache_bytes"):
         if (getattr(data, key) or 0) < 0:
             bad_value(f"data.{key}", getattr(data, key), "use a number >= 0")
-    if data.shuffle_window is not None and data.shuffle_window < 1:
-        bad_value("data.shuffle_window", data.shuffle_window, "use an integer >= 1, or null to size it from the "
-                  "shards' labels")
     if data.resize_size is not None and data.resize_size < data.image_size:
         bad_value("data.resize_size", data.resize_size, f"use a size >= data.image_size ({data.image_size}) or null")
     if isinstance(nw, int) and nw < 0:

@@ -2,7 +2,8 @@
 
 A mask file is a PNG (no other format) of class indices: mode P (VOC's palette PNGs: the palette only colours the
 indices, so the indices are read as they are, never converted to RGB) or L. Every source that gives masks
-(dataset=voc; shards and parquet to come) reads them here; samples.py checks each against its image's size.
+(dataset=voc, shards, parquet, the packed format) reads them here; samples.py checks each against its image's
+size.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
+
+from train.data.geometry import resized_size
 
 IGNORE_INDEX = 255  # the value a mask gives pixels no class is scored on (borders, "difficult" regions)
 MASK_MODES = ("P", "L")
@@ -59,6 +62,12 @@ def _exact_sources(length: int, out: int) -> np.ndarray:
     probe = torch.stack([ramp // 256, ramp % 256]).to(torch.uint8)[:, :, None]
     picked = F.resize_image(probe, [out, 1], interpolation=F.InterpolationMode.NEAREST_EXACT).long()
     return (picked[0, :, 0] * 256 + picked[1, :, 0]).numpy()
+
+
+def fit_mask_square(mask: torch.Tensor, size: int) -> torch.Tensor:
+    """transforms.fit_square for a mask: the shorter side to `size` (NEAREST_EXACT), then the centre square."""
+    scaled = resize_exact(mask, list(resized_size(tuple(mask.shape), size)))
+    return F.center_crop(scaled[None], [size, size])[0].contiguous()
 
 
 def resize_exact(mask: torch.Tensor, size: list[int]) -> torch.Tensor:

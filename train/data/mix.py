@@ -32,6 +32,7 @@ from train.data.fast.decode import UNREADABLE
 from train.data.mix_sources import build_parts, pass_window
 from train.data.remote.shard_order import window_order
 from train.data.remote.shard_store import ShardError
+from train.data.remote.shards import check_window
 from train.data.seeds import MIX, mixed_seed
 from train.data.source import as_uint8_tensor, sample_name
 from train.errors import ConfigError, first_line
@@ -54,6 +55,7 @@ class MixSource:
 
     def __init__(self, sources: Mapping, split: str = "train", seed: int = 0, samples_per_epoch: int | None = None,
                  shuffle: bool = True, shuffle_window: int | None = None):
+        check_window(shuffle_window)
         built = build_parts(sources, split)
         self.split, self.seed, self.shuffle, self.epoch = split, int(seed), bool(shuffle), 0
         self.names = self.parts = built.names

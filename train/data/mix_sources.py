@@ -102,8 +102,9 @@ def _union_of_classes(names: tuple[str, ...], sources: list[Source]) -> tuple[li
 
 
 def pass_window(source: Source, window: int | None) -> int:
-    """The shards a sharded source's passes shuffle together (data.shuffle_window, or sized from its labels)."""
+    """The shards a sharded source's passes shuffle together (dataset.shuffle_window, or sized from its labels)."""
     starts = getattr(source, "shard_starts", None)
     if starts is None:
         return 1
+    window = window if window is not None else getattr(source, "shuffle_window", None)  # the mix's, else its own
     return shard_window(starts, window, getattr(source, "label_spread", None), announce=False)

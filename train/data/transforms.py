@@ -78,6 +78,11 @@ class DirectCompose(v2.Compose):
         super().__init__(transforms)
         self.direct_steps = [_direct(step) for step in transforms]  # each step as one plain tensor meets it
 
+    def __reduce__(self):
+        """Pickled as its steps (the direct ones are closures, rebuilt on arrival): workers started with
+        data.multiprocessing_context=spawn or forkserver get the pipeline by pickle."""
+        return type(self), (list(self.transforms),)
+
     def forward(self, *inputs):
         if len(inputs) != 1 or type(inputs[0]) is not torch.Tensor:
             return super().forward(*inputs)

@@ -49,6 +49,11 @@ class VOCSegmentation(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
+    def read_files(self, index: int) -> tuple[bytes, bytes]:
+        """The sample's JPEG and PNG mask as stored (scripts/make_shards.py writes them into shards unchanged)."""
+        with open(self.paths[index].decode(), "rb") as image, open(self.mask_paths[index].decode(), "rb") as mask:
+            return image.read(), mask.read()
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         image_path, mask_path = self.paths[index].decode(), self.mask_paths[index].decode()
         with open(image_path, "rb") as f:

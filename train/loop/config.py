@@ -5,12 +5,18 @@ cannot make.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from train.errors import bad_value
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The closed choices, enforced by OmegaConf as the command line is read; a StrEnum equals its text ("bf16").
+Mode = StrEnum("Mode", ["train", "validate"])
+Precision = StrEnum("Precision", ["auto", "bf16", "fp16", "fp32"])
+CompileMode = StrEnum("CompileMode", ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+Ddp = StrEnum("Ddp", ["auto", "always"])
+OnNonfinite = StrEnum("OnNonfinite", ["stop", "skip"])
 
 
 @dataclass
@@ -30,26 +36,27 @@ class ProfilerConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: str = "train"  # train | validate (evaluate trainer.resume's checkpoint on the val split, one metrics row)
+    mode: Mode = Mode.train  # train | validate (evaluate trainer.resume's checkpoint on the val split, one metrics row)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     epochs: int = 3
     max_steps: int | None = None  # stop after this many optimizer steps in total (smoke runs)
     grad_accum_steps: int = 1
-    precision: str = "auto"  # auto | bf16 | fp16 | fp32 (train/loop/precision.py: auto = bf16 where native)
+    precision: Precision = Precision.auto  # train/loop/precision.py: auto = bf16 where native, else fp16 / fp32
     # samples per forward/backward; the optimizer still steps once per data.batch_size batch. null = the whole batch;
     # auto = the whole batch, halved on running out of GPU memory (train/loop/step.py)
     micro_batch_size: Any = None
     channels_last: bool = False
     compile: bool = False
-    compile_mode: str = "default"  # torch.compile's mode: default | reduce-overhead | max-autotune | ...
+    compile_mode: CompileMode = CompileMode.default  # torch.compile's mode (reduce-overhead, max-autotune, ...)
     seed: int = 0
     deterministic: bool = False
     resume: str | None = None  # auto | path to a checkpoint | null; a torchrun restart always continues its run dir
     checkpoint_every_steps: int | None = None  # also saves the data loader's mid-epoch position
     dist_timeout_s: float | None = None  # a collective that waits longer fails; null = max(600, data.timeout + 300)
-    ddp: str = "auto"  # auto = DDP when torchrun starts more than one process; always = for a single one too
+    ddp: Ddp = Ddp.auto  # auto = DDP when torchrun starts more than one process; always = for a single one too
     keep_checkpoints: int = 2  # last.pt and the ones before it (last.1.pt, ...): resume=auto takes the newest readable
-    on_nonfinite: str = "stop"  # a NaN/inf loss: stop (the checkpoints keep the last finite state) | skip the step
+    # a NaN/inf loss: stop (the checkpoints keep the last finite state) | skip the step
+    on_nonfinite: OnNonfinite = OnNonfinite.stop
     nonfinite_skips: int = 10  # with skip: steps skipped in a row before the run stops anyway
     grad_clip: float | None = None  # clip the gradients' total norm to this (after fp16's unscale); null = off
     progress: bool = True  # a bar on a terminal; in a log (not a terminal) one line every progress_every_s
@@ -71,8 +78,6 @@ def check_trainer(trainer: Any, data: Any) -> None:
     if trainer.dist_timeout_s is not None and trainer.dist_timeout_s <= (data.timeout or 0):
         bad_value("trainer.dist_timeout_s", trainer.dist_timeout_s, f"use more than data.timeout ({data.timeout}), so "
                   "a stuck worker's error (naming its file) comes before the collectives' timeout; or null")
-    if trainer.on_nonfinite not in ("stop", "skip"):
-        bad_value("trainer.on_nonfinite", trainer.on_nonfinite, "use stop or skip")
     for key in ("keep_checkpoints", "nonfinite_skips"):
         if getattr(trainer, key) < 1:
             bad_value(f"trainer.{key}", getattr(trainer, key), "use a positive integer")
@@ -80,8 +85,6 @@ def check_trainer(trainer: Any, data: Any) -> None:
         value = getattr(trainer, key)
         if value is not None and value < 1:
             bad_value(f"trainer.{key}", value, "use a positive integer or null")
-    if trainer.precision not in ("auto", "bf16", "fp16", "fp32"):
-        bad_value("trainer.precision", trainer.precision, "use auto, bf16, fp16 or fp32")
     if trainer.precision == "fp16" and trainer.device == "cpu":
         bad_value("trainer.precision", "fp16",
                   "fp16 (with its GradScaler) is for CUDA; on a CPU use bf16, fp32 or auto")
@@ -102,10 +105,6 @@ def check_trainer(trainer: Any, data: Any) -> None:
     mbs = trainer.micro_batch_size
     if not (mbs is None or mbs == "auto" or (isinstance(mbs, int) and not isinstance(mbs, bool) and mbs >= 1)):
         bad_value("trainer.micro_batch_size", mbs, "use null (the whole batch), auto, or a positive integer")
-    if trainer.compile_mode not in COMPILE_MODES:
-        bad_value("trainer.compile_mode", trainer.compile_mode, f"choose one of {', '.join(COMPILE_MODES)}")
-    if trainer.mode not in ("train", "validate"):
-        bad_value("trainer.mode", trainer.mode, "use train or validate")
     if trainer.mode == "validate" and trainer.resume in (None, "auto"):
         bad_value("trainer.resume", trainer.resume, "trainer.mode=validate evaluates a checkpoint: set trainer.resume "
                   "to its path (e.g. outputs/<run>/checkpoints/best.pt)")

@@ -7,13 +7,14 @@ import dataclasses
 import difflib
 import re
 import typing
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
-from train.config import RENAMED, RENAMED_OPTIONS, SWAPPABLE_GROUPS, LoadoutConfig, register
+from train.config import SWAPPABLE_GROUPS, LoadoutConfig, register
 from train.errors import ConfigError
 from train.run.cli_help import CONF, options
 
@@ -40,15 +41,12 @@ def check_command_line(overrides: list[str], config_name: str = "config") -> Dic
         except HydraException as err:
             cause = err.__cause__
             if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
-                raise ConfigError(_wrong_type(cause.full_key, overrides)) from None
+                raise ConfigError(wrong_type(cause.full_key, overrides)) from None
             text = f"{err} {cause or ''}"
             match = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", text)
             if match is None:
                 raise ConfigError(str(err).strip().splitlines()[0]) from None
             key = match.group(1) or match.group(2)
-            renamed = next((new for old, new in RENAMED.items() if key in (old, old.rsplit(".", 1)[-1])), None)
-            if renamed is not None:
-                raise ConfigError(f"{key}: renamed; use {renamed}") from None
             groups = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0].lstrip("+~")]
             known = _dotted_keys(OmegaConf.to_container(compose(config_name=config_name, overrides=groups)))
             raise ConfigError(f"{key}: {_closest(key, known)}") from None
@@ -97,9 +95,7 @@ def _check_group_option(override: str, searched: list[Path] | None) -> None:
 
 
 def _unknown_option(group: str, name: str) -> str:
-    """One line: the renamed option's new name, else the closest options and all of them."""
-    if f"{group}/{name}" in RENAMED_OPTIONS:
-        return f"{group}={name}: renamed; use {RENAMED_OPTIONS[f'{group}/{name}']}"
+    """One line: the closest options and all of them."""
     known = options(group)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
     own = f" (or point {group}._target_ at a class of your own)" if group in SWAPPABLE_GROUPS else ""
@@ -116,7 +112,7 @@ def _missing_option(err) -> str:
     return _unknown_option(group, name)
 
 
-def _wrong_type(key: str, overrides: list[str]) -> str:
+def wrong_type(key: str, overrides: list[str]) -> str:
     """`data.batch_size=abc`: the key, what it takes (from the schema) and the value given."""
     given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == key), "?")
     node: Any = LoadoutConfig
@@ -125,7 +121,8 @@ def _wrong_type(key: str, overrides: list[str]) -> str:
     if node is None or node is Any:
         return f"{key}={given}: a value of the wrong type for {key}"
     kinds = typing.get_args(node) or (node,)
-    words = [TYPE_WORDS.get(kind.__name__, kind.__name__) for kind in kinds if kind is not type(None)]
+    words = [f"one of {', '.join(kind)}" if issubclass(kind, Enum) else TYPE_WORDS.get(kind.__name__, kind.__name__)
+             for kind in kinds if kind is not type(None)]
     null = " or null" if type(None) in kinds else ""
     return f"{key}={given}: {key} takes {' or '.join(words)}{null}, not {given!r}"
 

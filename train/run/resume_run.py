@@ -26,8 +26,15 @@ from train.errors import ConfigError, first_line, shown
 
 RESUMES = "resumes.yaml"
 MASKED = "://***@"  # a URL's credentials as train/credentials.py leaves them in .hydra/
+MOVED_KEYS = {  # keys a run's saved overrides may still use
+    "trainer.label_smoothing": "task.label_smoothing",
+    # the store's knobs, now the sharded dataset's own (conf/dataset/shards.yaml, parquet.yaml)
+    "data.shard_cache_dir": "dataset.cache_dir",
+    "data.shard_cache_bytes": "dataset.cache_bytes",
+    "data.shuffle_window": "dataset.shuffle_window",
+    "data.prefetch_shards": "dataset.prefetch_shards",
+}
 # What a checkpoint's weights, optimizer state and data stream are tied to: changing one is a new run.
-MOVED_KEYS = {"trainer.label_smoothing": "task.label_smoothing"}  # keys a run's saved overrides may still use
 FROZEN = ("model", "task._target_", "dataset._target_", "augment._target_", "optimizer._target_",
           "scheduler._target_", "data.image_size")
 

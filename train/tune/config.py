@@ -15,11 +15,13 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
 from train.config import register, validate
 from train.data.config import drop_worker_knobs
 from train.data.loader.plan import usable_cores
 from train.errors import ConfigError, bad_value
+from train.run.overrides import wrong_type
 
 
 @dataclass
@@ -84,6 +86,8 @@ def check_sweep(config_name: str, overrides: list[str]) -> int:
         try:
             cfg = compose(config_name=config_name, overrides=job)
         except HydraException as err:
+            if isinstance(err.__cause__, ValidationError) and getattr(err.__cause__, "full_key", None):
+                raise ConfigError(wrong_type(err.__cause__.full_key, job)) from None
             cause = str(err.__cause__ or "").splitlines()[:1]
             raise ConfigError("; ".join([str(err).splitlines()[0], *cause])) from err
         OmegaConf.resolve(cfg)

@@ -31,6 +31,8 @@ from train.errors import ConfigError, LoaderError
 
 log = logging.getLogger(__name__)
 
+PREFETCH_SHARDS = 8  # shards fetched ahead where the source names no `prefetch_shards` (a source of your own)
+
 
 class ShardSampler(Sampler[int]):
     """Rank r takes a contiguous 1/world_size of the indices, without padding: each sample counted exactly once."""
@@ -113,13 +115,26 @@ class ShardWindowSampler(Sampler[int]):
 def build_sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int) -> Sampler:
     """data.sampler for training (auto: distributed under torchrun, else random or sequential by data.shuffle; a
     source whose order is the training order, dataset=mix, split over ranks as it stands); validation in order,
-    each rank its own contiguous shard. Over a source that fetches shards, the next data.prefetch_shards of them are
-    fetched ahead of the workers (fetch_ahead.py)."""
+    each rank its own contiguous shard. Over a source that fetches shards, the next dataset.prefetch_shards of them
+    are fetched ahead of the workers (fetch_ahead.py)."""
     sampler = _sampler(dataset, data, env, train, seed)
     fetch = getattr(dataset, "fetch_shard", None)  # Samples: the source's, where it fetches shards
-    if fetch is not None and data.prefetch_shards > 0:
-        return FetchAhead(sampler, dataset.shard_starts, fetch, data.prefetch_shards)
+    ahead = shards_ahead(_source(dataset))
+    if fetch is not None and ahead > 0:
+        return FetchAhead(sampler, dataset.shard_starts, fetch, ahead)
     return sampler
+
+
+def shards_ahead(source) -> int:
+    """How many shards past the one being read `source` has fetched ahead: its `prefetch_shards`, else
+    PREFETCH_SHARDS."""
+    ahead = getattr(source, "prefetch_shards", None)
+    return PREFETCH_SHARDS if ahead is None else ahead
+
+
+def _source(dataset: Dataset):
+    """The source under the per-sample wrapper (Samples), where the store settings live."""
+    return getattr(dataset, "source", dataset)
 
 
 def rank_sampler(dataset: Dataset, data, env: DistEnv, seed: int) -> Callable[[int, int], Sampler[int]]:
@@ -135,7 +150,7 @@ def _sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int, annou
     if not train:
         return ShardSampler(len(dataset), env.rank, env.world_size) if env.distributed else SequentialSampler(dataset)
     kind = data.sampler
-    if getattr(getattr(dataset, "source", dataset), "ordered", False):  # dataset=mix: its order is the order
+    if getattr(_source(dataset), "ordered", False):  # dataset=mix: its order is the order
         if kind == "weighted":
             raise ConfigError("data.sampler=weighted: dataset=mix draws its own order, each source by its "
                               "dataset.sources.<name>.weight; use data.sampler=auto")
@@ -143,7 +158,8 @@ def _sampler(dataset: Dataset, data, env: DistEnv, train: bool, seed: int, annou
                                   drop_last=data.drop_last)  # one "shard" in order: contiguous equal rank parts
     starts = getattr(dataset, "shard_starts", None)  # Samples: the source's, where it is sharded
     if starts is not None and kind in ("auto", "distributed", "random"):  # sharded data: shards mostly in sequence
-        window = shard_window(starts, data.shuffle_window, getattr(dataset, "label_spread", None),
+        window = shard_window(starts, getattr(_source(dataset), "shuffle_window", None),
+                              getattr(dataset, "label_spread", None),
                               announce=announce and env.rank == 0) if data.shuffle else 1
         return ShardWindowSampler(starts, window, seed, env.rank, env.world_size, data.shuffle, data.drop_last)
     if kind == "auto":

@@ -13,6 +13,10 @@ what is read in the cache folder of tar shards (shard_store.py), fetched when th
 is never fetched whole: each row group's image column is read in place, one range request a column chunk, through a
 handle of the reading process and thread (fsspec's clients are per process), and kept as its own small parquet file,
 so a window of row groups shuffled together and later epochs read the node's copy.
+
+Segmentation (`mask_column`): each row's mask is a PNG in that column (masks.py), read with its image; the class
+names come from `classes` (a mask column names none); the image is decoded whole (never DCT-scaled: its mask covers
+the stored size); an unreadable mask, or one of another size, is a bad sample (samples.py skips and counts it).
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from train.data.fast.decode import decode_image_file
+from train.data.fast.decode import UNREADABLE, decode_image_file
+from train.data.masks import decode_mask
 from train.data.remote.parquet_rows import Layout, check_labels, image_of
 from train.data.remote.shard_store import ShardError, ShardStore, is_remote
-from train.data.remote.shards import SamplePaths
+from train.data.remote.shards import SamplePaths, check_store_knobs
 from train.errors import ConfigError
 
 SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid", "test")}
@@ -66,13 +71,18 @@ def open_in_place(store: ShardStore, url: str):
 
 
 class ParquetSource:
-    """One split of a parquet image dataset (train/data/source.py's interface): `classes`, `targets`, `paths`,
-    `read_encoded`, `min_side`, `shard_starts` (the first row of each row group) and `fetch_shard`."""
+    """One split of a parquet image dataset (train/data/source.py's interface): `classes`, `targets` (not with
+    masks), `paths`, `read_encoded`, `min_side`, `shard_starts` (the first row of each row group) and `fetch_shard`.
+    `classes`: the class names (or their count) where the files do not name them, as with `mask_column`."""
 
     def __init__(self, root: str, split: str = "train", cache_dir: str | None = None, cache_bytes: int = 0,
                  min_side: int | None = None, timeout: float | None = None,
-                 whole_file_bytes: int = WHOLE_FILE_BYTES):
+                 whole_file_bytes: int = WHOLE_FILE_BYTES, mask_column: str | None = None,
+                 classes: list[str] | int | None = None, shuffle_window: int | None = None,
+                 prefetch_shards: int | None = None):
         root = str(root).rstrip("/")
+        check_store_knobs(cache_bytes, shuffle_window, prefetch_shards)
+        self.shuffle_window, self.prefetch_shards = shuffle_window, prefetch_shards  # the sampler reads them
         self.store = ShardStore(cache_dir, cache_bytes, timeout)
         self.urls = list_files(root, split)
         groups, counts, labels, sizes, layout = [], [], [], [], None
@@ -81,14 +91,15 @@ class ParquetSource:
                 with open_in_place(self.store, url) as f:  # the footer and the label column only: no image is read
                     sizes.append(f.seek(0, os.SEEK_END))
                     parquet = pq.ParquetFile(f)
-                    found = Layout.of(parquet.schema_arrow, url)
+                    found = Layout.of(parquet.schema_arrow, url, mask_column)
                     if layout and (found.image, found.label) != (layout.image, layout.label):
                         raise ConfigError(f"data.root: {url} has the columns `{found.image}`, `{found.label}` where "
                                           f"{self.urls[0]} has `{layout.image}`, `{layout.label}`")
                     layout = layout if layout and layout.classes else found
-                    column = parquet.read(columns=[found.label]).column(found.label)
-                    check_labels(column, url, found.label)
-                    labels.append(column.to_numpy())
+                    if found.label is not None:
+                        column = parquet.read(columns=[found.label]).column(found.label)
+                        check_labels(column, url, found.label)
+                        labels.append(column.to_numpy())
                     for group in range(parquet.num_row_groups):
                         groups.append((number, group))
                         counts.append(parquet.metadata.row_group(group).num_rows)
@@ -98,8 +109,14 @@ class ParquetSource:
         self.in_place = [is_remote(url) and size > whole_file_bytes for url, size in zip(self.urls, sizes, strict=True)]
         self.groups = np.array(groups, dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.targets = np.concatenate(labels).astype(np.int64)
-        self.classes = layout.classes or [str(i) for i in range(int(self.targets.max()) + 1)]
+        if layout.mask is None:  # labels to offer (a mask source has none: data.sampler=weighted is refused)
+            self.targets = np.concatenate(labels).astype(np.int64)
+        named = [str(i) for i in range(classes)] if isinstance(classes, int) else classes and list(classes)
+        self.classes = named or layout.classes or ([str(i) for i in range(int(self.targets.max()) + 1)]
+                                                   if layout.mask is None else None)
+        if not self.classes:
+            raise ConfigError(f"dataset.mask_column={mask_column}: masks name no classes: set dataset.classes to "
+                              "their names ([background, ...], index 0 first) or their count")
         self.paths = SamplePaths(np.array([f"{self.urls[f]}#rowgroup{g}" for f, g in groups]), self.shard_starts)
         self.min_side = min_side
         self._held: tuple[int, list] | None = None  # this process's last row group: (its number, its images)
@@ -109,7 +126,7 @@ class ParquetSource:
         return {**self.__dict__, "_held": None, "_handles": {}}
 
     def __len__(self) -> int:
-        return len(self.targets)
+        return int(self.shard_starts[-1])
 
     def fetch_shard(self, group: int) -> None:
         """The row group onto this node before the workers read it (the fetch-ahead thread calls this): its file, or
@@ -121,28 +138,43 @@ class ParquetSource:
             self.store.local(self.urls[number])
 
     def read_encoded(self, index: int) -> tuple[bytes, int]:
-        """The sample's encoded image and its label, from the row group this process holds or reads now."""
+        """The sample's encoded image and its label (-1 with masks), from the row group this process holds or reads
+        now."""
+        cells, url = self._row(index)
+        return self._file(cells[0], url), -1 if self.layout.mask else int(self.targets[index])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor | int]:
+        if self.layout.mask is None:
+            data, label = self.read_encoded(index)
+            return decode_image_file(data, self.min_side), label
+        (image, mask), url = self._row(index)
+        image = decode_image_file(self._file(image, url))  # whole: the mask covers the stored size
+        try:
+            return image, decode_mask(self._file(mask, url))
+        except UNREADABLE as err:  # the log line names the row group; say it is the mask
+            raise OSError(f"its mask (column `{self.layout.mask}`): {err}") from err
+
+    def _row(self, index: int) -> tuple[list, str]:
+        """The cells of the index's row (image, and mask), and its file's URL."""
         group = int(np.searchsorted(self.shard_starts, index, side="right")) - 1
         if self._held is None or self._held[0] != group:
             number, row_group = self.groups[group].tolist()
+            columns = self.layout.columns
             if self.in_place[number]:
                 try:
-                    table = pq.read_table(self._row_group_copy(number, row_group), columns=[self.layout.image])
+                    table = pq.read_table(self._row_group_copy(number, row_group), columns=columns)
                 except FileNotFoundError:  # evicted by another process between the check and the read: once more
-                    table = pq.read_table(self._row_group_copy(number, row_group), columns=[self.layout.image])
+                    table = pq.read_table(self._row_group_copy(number, row_group), columns=columns)
             else:
-                table = pq.ParquetFile(self.store.local(self.urls[number])).read_row_group(
-                    row_group, columns=[self.layout.image])
-            self._held = (group, table.column(0).to_pylist())
-        url = self.urls[int(self.groups[group][0])]
-        data, path = image_of(self._held[1][index - int(self.shard_starts[group])], url)
-        if data is None:
-            data = self._read_image_file(path)
-        return data, int(self.targets[index])
+                table = pq.ParquetFile(self.store.local(self.urls[number])).read_row_group(row_group, columns=columns)
+            self._held = (group, [column.to_pylist() for column in table.columns])
+        row = index - int(self.shard_starts[group])
+        return [column[row] for column in self._held[1]], self.urls[int(self.groups[group][0])]
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        data, label = self.read_encoded(index)
-        return decode_image_file(data, self.min_side), label
+    def _file(self, cell, url: str) -> bytes:
+        """A cell's encoded file: embedded bytes, or the file its path names."""
+        data, path = image_of(cell, url)
+        return self._read_image_file(path) if data is None else data
 
     def _row_group_copy(self, number: int, row_group: int) -> Path:
         """The node's copy of a row group's image column of file `number` (read in place), made by the first
@@ -155,7 +187,7 @@ class ParquetSource:
         if key not in self._handles:  # a handle is never shared across a fork or between threads
             self._handles[key] = pq.ParquetFile(open_in_place(self.store, url))
         try:
-            table = self._handles[key].read_row_group(row_group, columns=[self.layout.image])
+            table = self._handles[key].read_row_group(row_group, columns=self.layout.columns)
         except (OSError, pa.ArrowException):
             self._handles.pop(key).close()
             raise
@@ -166,7 +198,7 @@ class ParquetSource:
             partial.replace(path)
         finally:
             partial.unlink(missing_ok=True)
-        self.store.evict(keep=path)  # row-group copies count against data.shard_cache_bytes like whole files
+        self.store.evict(keep=path)  # row-group copies count against dataset.cache_bytes like whole files
         return path
 
     def _read_image_file(self, path: str) -> bytes:

@@ -5,7 +5,8 @@ the label (from the Hugging Face features metadata), the class names, and each r
 An `Image` feature (with `decode=False` too: the storage is the same) is a struct of `bytes` and `path`: the bytes
 embedded (the Hub's files, `push_to_hub`), or only a path (`to_parquet` of a dataset built from image files), absolute
 or relative to the parquet file's folder; a string column typed `Image` holds paths and a binary one the bytes, as
-`datasets` casts them. A `ClassLabel` feature names the classes.
+`datasets` casts them. A `ClassLabel` feature names the classes. For segmentation a second image column (named by
+dataset.mask_column) holds each row's PNG mask, stored the same ways, and no label column is needed.
 """
 
 from __future__ import annotations
@@ -36,31 +37,50 @@ def typed(features: dict, kind: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Layout:
-    """The image and label columns of a split's files, and the class names when the label is a ClassLabel."""
+    """The image and label (or mask) columns of a split's files, and the class names when the label is a ClassLabel."""
 
     image: str
-    label: str
+    label: str | None  # None: a mask column instead
     classes: list[str] | None
+    mask: str | None = None
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns read per row group: the image, and the mask where there is one."""
+        return [self.image] if self.mask is None else [self.image, self.mask]
 
     @classmethod
-    def of(cls, schema: pa.Schema, url: str) -> Layout:
-        """The layout of the file at `url`, or a one-line error naming the file and the column it cannot read."""
+    def of(cls, schema: pa.Schema, url: str, mask: str | None = None) -> Layout:
+        """The layout of the file at `url` (with the mask column `mask`), or a one-line error naming the file and the
+        column it cannot read."""
         features, names = features_of(schema), schema.names
-        image = pick(typed(features, "Image"), names, "image", url, "an image column (an Image feature)")
+        images = [name for name in typed(features, "Image") if name != mask]
+        image = pick(images, names, "image", url, "an image column (an Image feature)")
+        if mask is not None and mask not in names:
+            raise ConfigError(f"dataset.mask_column={mask}: {url} has no such column (its columns: "
+                              f"{', '.join(names)})")
+        for column in (image, mask) if mask else (image,):
+            check_image_column(schema, features, column, url)
+        if mask is not None:
+            return cls(image, None, None, mask)
         label = pick(typed(features, "ClassLabel"), names, "label", url, "a label column (a ClassLabel feature)")
-        kind = schema.field(image).type
-        fields = {field.name for field in kind} if pa.types.is_struct(kind) else set()
-        readable = (fields and fields <= {"bytes", "path"} or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
-                    or (image in typed(features, "Image") and (pa.types.is_string(kind)
-                                                                or pa.types.is_large_string(kind))))
-        if not readable:
-            raise ConfigError(f"data.root: {url}: column `{image}` is {kind}, which loadout cannot read as images "
-                              f"(it reads {IMAGE_TYPES})")
         if not pa.types.is_integer(schema.field(label).type):
             raise ConfigError(f"data.root: {url}: column `{label}` is {schema.field(label).type}: loadout needs "
                               "integer labels (a ClassLabel feature; cast it with `datasets`' class_encode_column)")
         names = features.get(label, {}).get("names") if label in typed(features, "ClassLabel") else None
         return cls(image, label, list(names) if names else None)
+
+
+def check_image_column(schema: pa.Schema, features: dict, column: str, url: str) -> None:
+    """A one-line error naming the file unless `column` holds images (or masks) as `datasets` stores them."""
+    kind = schema.field(column).type
+    fields = {field.name for field in kind} if pa.types.is_struct(kind) else set()
+    readable = (fields and fields <= {"bytes", "path"} or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+                or (column in typed(features, "Image") and (pa.types.is_string(kind)
+                                                             or pa.types.is_large_string(kind))))
+    if not readable:
+        raise ConfigError(f"data.root: {url}: column `{column}` is {kind}, which loadout cannot read as images "
+                          f"(it reads {IMAGE_TYPES})")
 
 
 def pick(typed_columns: list[str], names: list[str], usual: str, url: str, what: str) -> str:

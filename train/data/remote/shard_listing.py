@@ -18,6 +18,7 @@ class Listing(NamedTuple):
     classes: list[str] | None
     lengths: list[int] | None  # samples per shard, where _info.json says
     distinct: list[int] | None = None  # distinct labels per shard, where _info.json says (make_shards.py)
+    masks: bool | None = None  # the samples are (image, mask) pairs, where _info.json says (make_shards.py)
 
 
 def list_shards(root: str, split: str) -> Listing:
@@ -44,7 +45,7 @@ def _list_shards(root: str, split: str) -> Listing:
         classes = meta.get("classes") or ([str(i) for i in range(meta["num_classes"])] if "num_classes" in meta
                                           else None)
         return Listing([f"{root.rstrip('/')}/{name}" for name in entry["filenames"]], classes,
-                       entry.get("shard_lengths"), entry.get("labels_per_shard"))
+                       entry.get("shard_lengths"), entry.get("labels_per_shard"), meta.get("masks"))
     if root.startswith(("http://", "https://")):
         raise ConfigError(f"data.root={root}: no _info.json there; an HTTP server cannot be listed, so write one "
                           "(scripts/make_shards.py does)")

@@ -1,4 +1,4 @@
-"""How many shards the training order shuffles together (data.shuffle_window), from how the shards were written.
+"""How many shards the training order shuffles together (dataset.shuffle_window), from how the shards were written.
 
 The order (loader.ShardWindowSampler) shuffles the shards, then the samples of each window of consecutive shards
 together: a worker reads a window's shards at a time and a node caches a window per rank, not the dataset. A window
@@ -7,7 +7,7 @@ like a random draw, and DEFAULT_WINDOW of them mix like a full shuffle. Shards w
 ShardWriter over an ImageFolder) hold a class or two each, and DEFAULT_WINDOW of them hold a few classes, so training
 walks through the classes one after another (issue 37: val_acc 0.20 where the folder reaches 1.00).
 
-So with data.shuffle_window=null the window is sized from the labels of a few shards (`LabelSpread`): DEFAULT_WINDOW
+So with dataset.shuffle_window=null the window is sized from the labels of a few shards (`LabelSpread`): DEFAULT_WINDOW
 shards where they look like random draws, else enough that each class is in about CLASS_SHARDS of them (a window of
 sorted shards then holds nearly every class, in proportions close to the whole set's), at most MOST_SAMPLES samples
 (what the node cache and each worker's held indexes must hold). The labels are data, so the window, and with it the
@@ -74,7 +74,7 @@ def spread_of_labels(labels: Sequence[np.ndarray], classes: int) -> LabelSpread 
 
 def shard_window(starts: np.ndarray, window: int | None, spread: Callable[[], LabelSpread | None] | None,
                  announce: bool = True) -> int:
-    """The shards shuffled together: `window` where set (data.shuffle_window), else sized from `spread()` (the
+    """The shards shuffled together: `window` where set (dataset.shuffle_window), else sized from `spread()` (the
     source's `label_spread`; None: DEFAULT_WINDOW). `announce` (rank 0): log the choice, and warn in one line where
     label-sorted shards are not mixed by it. `spread` is called on every rank only when it sizes the window."""
     shards = len(starts) - 1
@@ -90,16 +90,16 @@ def shard_window(starts: np.ndarray, window: int | None, spread: Callable[[], La
     if not announce:
         return chosen
     kind = "mixed" if seen.mixed else "sorted by label"
-    log.info("data.shuffle_window=%s: %d shards shuffled together (of %d; about %d samples): the shards hold %.1f "
+    log.info("dataset.shuffle_window=%s: %d shards shuffled together (of %d; about %d samples): the shards hold %.1f "
              "labels each where a random draw holds %.1f (%s)", window if window is not None else "null",
              min(chosen, shards), shards, round(min(chosen, shards) * mean_samples), seen.per_shard,
              seen.random_draw, kind)
     if not seen.mixed and chosen < min(needed, shards) and seen.classes_in(chosen) < COVERED * seen.classes:
-        fix = (f"set data.shuffle_window=null (sized: {min(needed, shards)} shards here)" if window is not None and
-               needed <= most else f"set data.shuffle_window={min(needed, shards)} (about "
+        fix = (f"set dataset.shuffle_window=null (sized: {min(needed, shards)} shards here)" if window is not None and
+               needed <= most else f"set dataset.shuffle_window={min(needed, shards)} (about "
                f"{round(min(needed, shards) * mean_samples)} samples a rank in the node cache)")
-        log.warning("data.shuffle_window: the shards are sorted by label (%.1f of the %d classes in a shard, where a "
-                    "shuffled one holds %.1f) and a window of %d shards holds about %.0f classes at a time, so "
+        log.warning("dataset.shuffle_window: the shards are sorted by label (%.1f of the %d classes in a shard, "
+                    "where a shuffled one holds %.1f) and a window of %d shards holds about %.0f classes at a time, so "
                     "training walks through the classes in turn: %s, or write the shards shuffled "
                     "(scripts/make_shards.py)", seen.per_shard, seen.classes, seen.random_draw, chosen,
                     seen.classes_in(chosen), fix)

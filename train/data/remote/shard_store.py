@@ -1,13 +1,13 @@
 """Local copies of shards that live elsewhere (http(s)://, s3://, anything fsspec opens): one download per shard per
 node, safe under concurrent readers, bounded in size.
 
-Every worker of every rank on a node shares one cache folder (data.shard_cache_dir). A shard is downloaded by the
+Every worker of every rank on a node shares one cache folder (dataset.cache_dir). A shard is downloaded by the
 first process that needs it (often the main process's fetch-ahead threads, fetch_ahead.py), under an exclusive lock on
 `<name>.lock`, into a temporary file that is renamed into place when whole: a reader never sees a torn file, and the
 others wait on the lock and then find the copy. The lock is a POSIX record lock, which a forked worker does not
 inherit (a worker forked while the main process downloads never holds that download's lock) and which a process's
 threads share (so they queue on a threading lock per URL as well). With
-data.shard_cache_bytes > 0 the least recently used copies are removed until the cache fits. Credentials and endpoints
+dataset.cache_bytes > 0 the least recently used copies are removed until the cache fits. Credentials and endpoints
 come the standard way for each protocol (for S3: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... or a profile), never from
 the config, and no message carries them: a shard is named by its URL.
 

@@ -4,8 +4,10 @@
 starts (name, size, typeflag, checksum; ustar's prefix, GNU long names and pax `path`/`size` records as tarfile does)
 and keeps the bytes of the small members that carry labels (`.cls`, `.json`), skipping every other member's data
 without looking at it. A download thus needs no second pass over the file, and a local shard (mapped, `index_file`)
-has only its headers' pages read. Damage ends the index where tarfile's iteration would end: a bad first header is a
-TarError (not a tar file); a bad later one, or the end of the bytes inside a member, keeps the samples before it.
+has only its headers' pages read. A PNG beside another image of its key (`.png`, `.mask.png` or `.seg.png` beside a
+`.jpg`) is that image's segmentation mask: its offset and size are indexed too. Damage ends the index where
+tarfile's iteration would end: a bad first header is a TarError (not a tar file); a bad later one, or the end of the
+bytes inside a member, keeps the samples before it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ log = logging.getLogger(__name__)
 BLOCK = 512
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "json")
+MASK_EXTENSIONS = ("mask.png", "seg.png", "png")  # a key's mask: the first of these that is not its image
+INDEX_KEYS = ("keys", "offsets", "sizes", "labels", "mask_offsets", "mask_sizes")
 FILE_TYPES = (b"0", b"\0", b"7")  # tarfile's REGTYPE, AREGTYPE, CONTTYPE: members with data to read
 ZEROS = bytes(BLOCK)
 
@@ -134,24 +138,23 @@ class TarIndexer:
                 self._pax_size = int(value)
 
     def finish(self) -> dict[str, np.ndarray]:
-        """The samples whose image and label lie whole within the bytes fed: keys, image offsets and sizes, labels.
-        Bytes that are no tar file raise tarfile.ReadError."""
+        """The samples whose image and label or mask lie whole within the bytes fed: keys, image offsets and sizes,
+        labels (-1: none), mask offsets and sizes (-1: none). Bytes that are no tar file raise tarfile.ReadError."""
         if self.error or not self.fed:
             raise tarfile.ReadError(self.error or "an empty file")
         if not self.ended and not (self._kind == "header" and self._start == self.fed and not self._held):
             log.warning("shard %s ends early (at byte %d): indexing the samples before the cut", self.name, self.fed)
-        keys, offsets, sizes, labels = [], [], [], []
+        rows = []
         for key, parts in self.members.items():
-            image = next((parts[ext] for ext in IMAGE_EXTENSIONS if ext in parts), None)
+            kind = next((ext for ext in IMAGE_EXTENSIONS if ext in parts), None)
+            mask = next((parts[ext] for ext in MASK_EXTENSIONS if ext in parts and ext != kind), (-1, -1))
             label = _label(self.label_bytes.get(key, {}))
-            if image is None or label is None or image[0] + image[1] > self.fed:
+            if kind is None or (label is None and mask[0] < 0) or max(sum(parts[kind]), sum(mask)) > self.fed:
                 continue
-            keys.append(key.encode("utf-8", "surrogateescape"))
-            offsets.append(image[0])
-            sizes.append(image[1])
-            labels.append(label)
-        return {"keys": np.array(keys, dtype=np.bytes_), "offsets": np.array(offsets, dtype=np.int64),
-                "sizes": np.array(sizes, dtype=np.int64), "labels": np.array(labels, dtype=np.int64)}
+            rows.append((key.encode("utf-8", "surrogateescape"), *parts[kind], -1 if label is None else label, *mask))
+        columns = list(zip(*rows, strict=True)) if rows else [()] * len(INDEX_KEYS)
+        return {name: np.array(column, dtype=np.bytes_ if name == "keys" else np.int64)
+                for name, column in zip(INDEX_KEYS, columns, strict=True)}
 
 
 def index_file(path: os.PathLike) -> dict[str, np.ndarray]:
@@ -162,6 +165,11 @@ def index_file(path: os.PathLike) -> dict[str, np.ndarray]:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 indexer.feed(mapped)
     return indexer.finish()
+
+
+def holds_masks(index: dict[str, np.ndarray]) -> bool:
+    """A shard of (image, mask) samples: some key has a mask and no label (a labelled key's extra PNG is no mask)."""
+    return bool(((index["mask_sizes"] >= 0) & (index["labels"] < 0)).any())
 
 
 def _number(field: bytes) -> int:
