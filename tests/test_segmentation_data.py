@@ -20,9 +20,9 @@ from torchvision.transforms.v2 import functional as F
 
 from train.data.loader.plan import LoaderPlan
 from train.data.loader.ring import build_collate
-from train.data.masks import resize_exact
+from train.data.masks import decode_mask, resize_exact
 from train.data.samples import Samples
-from train.data.seg_augment import ScaledCrop, SegmentationRecipe
+from train.data.seg_augment import RandomResizedCrop, Resize, ScaledCrop, SegmentationRecipe, joint
 from train.data.voc import VOC_CLASSES, VOCSegmentation
 from train.errors import ConfigError
 
@@ -123,6 +123,40 @@ def test_same_seed_epoch_and_index_give_the_same_image_and_mask(voc):
     assert not torch.equal(masks, other)
 
 
+class FloatCfg(DataCfg):
+    device_transforms = False  # ToDtype and Normalize in the pipeline: image only
+
+
+@pytest.mark.parametrize("cfg", [DataCfg, FloatCfg])
+@pytest.mark.parametrize("recipe", [SegmentationRecipe(color_jitter=0.3),
+                                    SegmentationRecipe(crop="resized", scale_min=0.2, scale_max=1.0)])
+def test_the_plain_pair_path_gives_v2s_pixels_and_draws(voc, recipe, cfg):
+    """Samples' path (`joint`: plain tensors, no v2 dispatch) against v2.Compose of the same steps on (Image, Mask),
+    seeded alike; the images also against stock v2 steps (Resize, RandomResizedCrop), whose masks would be NEAREST."""
+    source = VOCSegmentation(voc)
+    for pipeline in (recipe.train_transform(cfg()), recipe.val_transform(cfg())):
+        stock = v2.Compose([stock_step(step) for step in pipeline.transforms])
+        for index in range(len(source)):
+            image, mask = source[index]
+            torch.manual_seed(index)
+            got = joint(pipeline)(image, mask)
+            torch.manual_seed(index)
+            want = v2.Compose(pipeline.transforms)(tv_tensors.Image(image), tv_tensors.Mask(mask))
+            torch.manual_seed(index)
+            stock_image = stock(tv_tensors.Image(image))
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[0], stock_image)
+            assert got[1].dtype == torch.uint8 and type(got[0]) is torch.Tensor and type(got[1]) is torch.Tensor
+
+
+def stock_step(step):
+    """torchvision's own step where seg_augment subclasses one (its image pixels are the subclass's)."""
+    if type(step) is Resize:
+        return v2.Resize(step.size, antialias=True)
+    if type(step) is RandomResizedCrop:
+        return v2.RandomResizedCrop(step.size, scale=step.scale, ratio=step.ratio, antialias=True)
+    return step
+
+
 def test_resize_exact_is_v2s_nearest_exact_pixel_for_pixel():
     """Masks over 256 px (both bytes of the index probe), up- and downscaled, from a strided window."""
     mask = torch.randint(0, 256, (600, 300), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
@@ -131,6 +165,23 @@ def test_resize_exact_is_v2s_nearest_exact_pixel_for_pixel():
         for size in ([64, 64], [1, 5], [601, 97], [129, 450]):
             expected = F.resize_mask(window, size, interpolation=F.InterpolationMode.NEAREST_EXACT)
             assert torch.equal(resize_exact(window, size), expected)
+
+
+@pytest.mark.parametrize("kind", ["P", "P+transparency", "P 4-bit", "P 1-bit", "L"])
+def test_a_mask_png_decodes_to_its_indices_whatever_its_palette_and_bit_depth(tmp_path, kind):
+    """The indices PIL reads from the file, never colours: palettes with transparency and packed 1- and 4-bit
+    indices included (a decoder that expands them to 8-bit grey would scale them up)."""
+    levels = {"P 4-bit": 16, "P 1-bit": 2}.get(kind, 256)
+    indices = np.random.default_rng(0).integers(0, min(levels, 21), (24, 40)).astype(np.uint8)
+    indices[0] = 255 if levels == 256 else 0
+    image = Image.fromarray(indices, "L" if kind == "L" else "P")
+    if kind != "L":
+        image.putpalette([v for i in range(min(levels, 256)) for v in (i, 255 - i, i // 2)])
+    options = {"P+transparency": {"transparency": 0}, "P 4-bit": {"bits": 4}, "P 1-bit": {"bits": 1}}
+    image.save(tmp_path / "mask.png", **options.get(kind, {}))
+    assert np.array(Image.open(tmp_path / "mask.png")).tolist() == indices.tolist()  # the file holds the indices
+    mask = decode_mask((tmp_path / "mask.png").read_bytes())
+    assert mask.dtype == torch.uint8 and mask.shape == (24, 40) and mask.tolist() == indices.tolist()
 
 
 def test_scaled_crop_takes_the_windows_of_scale_then_crop():
@@ -196,6 +247,7 @@ def test_recipe_refuses_bad_values_in_one_line():
         SegmentationRecipe(crop="resized", scale_max=2.0)
 
 
+@pytest.mark.slow
 def test_the_synthetic_set_is_deterministic_voc_layout(tmp_path):
     """`make_dataset.py --task segmentation`: the same bytes twice; palette masks of its classes and 255 borders."""
     for out in ("a", "b"):

@@ -18,12 +18,23 @@ from torchvision.transforms.v2 import functional as F
 
 from train.data.geometry import resized_size
 
+try:  # libpng keeps palette indices at about half PIL's cost; deprecated in torchvision 0.29, and torchcodec's
+    from torchvision.io import decode_png  # decode_png expands palettes to RGB: PIL serves where it is gone
+except ImportError:  # pragma: no cover
+    decode_png = None
+
 IGNORE_INDEX = 255  # the value a mask gives pixels no class is scored on (borders, "difficult" regions)
 MASK_MODES = ("P", "L")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def decode_mask(data: bytes) -> torch.Tensor:
-    """A PNG mask's bytes as a uint8 (H, W) class map; ValueError for a mode that holds no class indices (RGB)."""
+    """A PNG mask's bytes as a uint8 (H, W) class map; ValueError for a mode that holds no class indices (RGB).
+    An 8-bit palette or grayscale PNG (IHDR bit depth 8, colour type 3 or 0) goes through libpng; 1-4-bit indices
+    (which decode_png stretches to 0-255) and anything else through PIL."""
+    if decode_png is not None and len(data) > 25 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
+            and data[24] == 8 and data[25] in (0, 3):
+        return decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8))[0]
     with Image.open(io.BytesIO(data), formats=("PNG",)) as image:  # PNG alone: probing formats costs more than it
         if image.mode not in MASK_MODES:
             raise ValueError(f"a mask must be a palette (P) or grayscale (L) PNG of class indices, not mode "

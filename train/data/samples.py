@@ -10,7 +10,7 @@ The DataLoader hands `Samples.__getitems__` a whole batch of keys: `(epoch, inde
 3. load: `source[index]` as a uint8 CHW tensor and its target, or from the shared sample cache (cache.py); a target
    that is a mask (masks.py: uint8 (H, W), 255 = ignore) must match the image's size, else the sample is bad;
 4. transform: the recipe's per-sample pipeline (augment.py, transforms.py); an image with a mask goes through it as
-   (image, tv_tensors.Mask), so one geometric draw moves both (seg_augment.py);
+   a pair, so one geometric draw moves both (seg_augment.py: `joint`);
    a pipeline that starts with RandomResizedCrop, on a source that decodes with decode.py (it has `min_side`, set
    by data.scaled_decode) and offers `read_encoded`, takes 3-4 crop first: the box drawn from the header on the
    size the source would decode at (the same draws, so the same boxes as a whole decode and as data.decode=device),
@@ -31,7 +31,6 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
-from torchvision import tv_tensors
 
 from train.data.fast.cache import SharedSampleCache
 from train.data.fast.decode import UNREADABLE, decode_crop, decoded_size, exif_orientation, image_size
@@ -43,6 +42,7 @@ from train.data.loader.workers import one_torch_thread
 from train.data.masks import as_mask, check_mask_size
 from train.data.remote.shard_store import ShardError
 from train.data.seeds import sample_seeds
+from train.data.seg_augment import joint
 from train.data.source import Offers, Source, as_uint8_tensor, sample_name
 from train.data.transforms import CropFlipPlan, ResizedCropFirst
 from train.errors import LoaderError
@@ -83,6 +83,7 @@ class Samples(Dataset):
                  cache: SharedSampleCache | None = None, board: ActivityBoard | None = None, first_slot: int = 0,
                  encoded: BoxPlan | None = None):
         self.source, self.transform, self.seed, self.encoded = source, transform, seed, encoded
+        self.joint = joint(transform)  # the transform of an (image, mask) pair
         self.on_bad_sample, self.cache, self.board, self.first_slot = on_bad_sample, cache, board, first_slot
         self.offers = Offers.of(source)
         batched = self.offers.read_crops and self.offers.size and self.offers.targets
@@ -163,8 +164,7 @@ class Samples(Dataset):
     def _transformed(self, image: torch.Tensor, target) -> tuple[torch.Tensor, torch.Tensor | int]:
         """The transform of an image and its label, or of an image and its mask together (one geometric draw)."""
         if isinstance(target, torch.Tensor) and target.dim() == 2:  # a mask (`_load` made it one)
-            image, mask = self.transform(image.as_subclass(tv_tensors.Image), target.as_subclass(tv_tensors.Mask))
-            return image.as_subclass(torch.Tensor), mask.as_subclass(torch.Tensor)
+            return self.joint(image, target)
         return self.transform(image), label_of(target)
 
     def _encoded(self, index: int) -> tuple[EncodedSample, int]:
@@ -180,12 +180,16 @@ class Samples(Dataset):
         to the stored image, decoded at the scale that box needs."""
         data, label = self.source.read_encoded(index)
         CLOCK.lap(READ)
+        crop = self.crop_first.crop
+        return decode_crop(data, self.stored_box(data), tuple(crop.size), crop.interpolation, crop.antialias), label
+
+    def stored_box(self, data: bytes) -> tuple[float, float, float, float]:
+        """The crop's (top, left, height, width) drawn from torch's RNG on the size the source decodes `data` at,
+        in the stored image's pixels (bench/sample_path.py times the draw alone)."""
         (height, width), decoded = decoded_size(data, self.source.min_side)
         top, left, box_h, box_w = self.crop_first.box(decoded)
         ratio_h, ratio_w = height / decoded[0], width / decoded[1]
-        crop = self.crop_first.crop
-        return decode_crop(data, (top * ratio_h, left * ratio_w, box_h * ratio_h, box_w * ratio_w), tuple(crop.size),
-                           crop.interpolation, crop.antialias), label
+        return top * ratio_h, left * ratio_w, box_h * ratio_h, box_w * ratio_w
 
     def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor | int]:
         image, target = self.source[index][:2]

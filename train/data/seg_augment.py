@@ -1,13 +1,14 @@
 """The segmentation recipe (conf/augment/segmentation.yaml): one geometric draw per sample moves the image and its
 mask alike, photometric steps touch the image only.
 
-The pipelines are torchvision.transforms.v2 steps that samples.py calls with (image, tv_tensors.Mask): v2 applies
-each geometric step's one draw to both, pads masks with 255 (ignore) and leaves them out of ColorJitter, ToDtype and
-Normalize. Masks are resized nearest-neighbour (never antialiased: no class is invented at a border), as
-NEAREST_EXACT: it samples the pixel centres the image's bilinear resize samples, where v2's default NEAREST takes
-the top-left neighbour and shifts a mask off its image by up to half the scale factor (a 2.5x downscale: 7% of the
-pixels of 16-px blocks land on the wrong class; tests/test_segmentation_data.py), through masks.resize_exact (the
-same pixels, a fraction of the time). `JointCompose` runs a pair through v2's own steps without v2's per-call
+The pipelines are torchvision.transforms.v2 steps, each geometric step's one draw applied to the image and its mask
+(tv_tensors.Mask to v2), masks padded with 255 (ignore) and left out of ColorJitter, ToDtype and Normalize. Masks
+are resized nearest-neighbour (never antialiased: no class is invented at a border), as NEAREST_EXACT: it samples
+the pixel centres the image's bilinear resize samples, where v2's default NEAREST takes the top-left neighbour and
+shifts a mask off its image by up to half the scale factor (a 2.5x downscale: 7% of the pixels of 16-px blocks land
+on the wrong class; tests/test_segmentation_data.py), through masks.resize_exact (the same pixels, a fraction of the
+time). samples.py hands a plain (image, mask) pair to `joint(transform)`:
+`JointCompose.pair` runs the steps on plain tensors, v2's draws and pixels without its tv_tensors, per-call
 flattening and dispatch (bench/segmentation.py). The training recipe is pytorch/vision references/segmentation's
 (`presets.SegmentationPresetTrain`): the shorter side scaled to a random size around data.resize_size, a
 data.image_size crop (padded where the scaled image is smaller), a flip; `ScaledCrop` draws the crop as that
@@ -20,6 +21,7 @@ batch has one size and every pixel of the image is scored. Draws come from torch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torchvision import tv_tensors
@@ -28,32 +30,53 @@ from torchvision.transforms.v2 import functional as F
 
 from train.data.geometry import flip_threshold, resized_size
 from train.data.masks import IGNORE_INDEX, resize_exact
-from train.data.transforms import RANDOM_APPLY_FORWARD, DirectCompose, resize_size, to_float_steps
+from train.data.transforms import DirectCompose, resize_size, to_float_steps
 from train.errors import ConfigError
 
 EXACT = F.InterpolationMode.NEAREST_EXACT
 
 
-class Resize(v2.Resize):
+class JointGeometry:
+    """A geometric step that moves an image and its mask alike: `pair` draws once and moves a plain (image, mask)
+    pair (JointCompose); `transform` serves v2's own dispatch (a Mask, an image or a plain tensor). A subclass gives
+    `image(image, params)` and `mask(mask, params)` on plain tensors."""
+
+    def pair(self, image: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        params = self.make_params([image])
+        return self.image(image, params), self.mask(mask, params)
+
+    def transform(self, inpt, params):
+        if isinstance(inpt, tv_tensors.Mask):
+            return tv_tensors.wrap(self.mask(inpt.as_subclass(torch.Tensor), params), like=inpt)
+        if isinstance(inpt, tv_tensors.Image):
+            return tv_tensors.wrap(self.image(inpt.as_subclass(torch.Tensor), params), like=inpt)
+        if type(inpt) is torch.Tensor:
+            return self.image(inpt, params)
+        return super().transform(inpt, params)
+
+
+class Resize(JointGeometry, v2.Resize):
     """v2.Resize, masks NEAREST_EXACT."""
 
-    def transform(self, inpt, params):
-        if isinstance(inpt, tv_tensors.Mask):
-            if len(self.size) == 2:  # a fixed (H, W): the fast exact path
-                return tv_tensors.wrap(resize_exact(inpt.as_subclass(torch.Tensor), list(self.size)), like=inpt)
-            return F.resize(inpt, self.size, interpolation=EXACT, max_size=self.max_size)
-        return super().transform(inpt, params)
+    def image(self, image: torch.Tensor, params: dict) -> torch.Tensor:
+        return F.resize_image(image, self.size, self.interpolation, self.max_size, self.antialias)
+
+    def mask(self, mask: torch.Tensor, params: dict) -> torch.Tensor:
+        if len(self.size) == 2:  # a fixed (H, W): the fast exact path
+            return resize_exact(mask, list(self.size))
+        return F.resize_mask(mask, self.size, interpolation=EXACT, max_size=self.max_size)
 
 
-class RandomResizedCrop(v2.RandomResizedCrop):
+class RandomResizedCrop(JointGeometry, v2.RandomResizedCrop):
     """v2.RandomResizedCrop, masks NEAREST_EXACT."""
 
-    def transform(self, inpt, params):
-        if isinstance(inpt, tv_tensors.Mask):
-            crop = inpt.as_subclass(torch.Tensor)[params["top"]:params["top"] + params["height"],
-                                                  params["left"]:params["left"] + params["width"]]
-            return tv_tensors.wrap(resize_exact(crop, list(self.size)), like=inpt)  # F.resized_crop's: NEAREST
-        return super().transform(inpt, params)
+    def image(self, image: torch.Tensor, params: dict) -> torch.Tensor:
+        return F.resized_crop_image(image, **params, size=self.size, interpolation=self.interpolation,
+                                    antialias=self.antialias)
+
+    def mask(self, mask: torch.Tensor, params: dict) -> torch.Tensor:
+        top, left = params["top"], params["left"]
+        return resize_exact(mask[top:top + params["height"], left:left + params["width"]], list(self.size))
 
 
 def _window(scaled: int, crop: int, stored: int) -> tuple[int, int, int, int]:
@@ -68,7 +91,7 @@ def _window(scaled: int, crop: int, stored: int) -> tuple[int, int, int, int]:
     return 0, stored, scaled, margin - offset
 
 
-class ScaledCrop(v2.Transform):
+class ScaledCrop(JointGeometry, v2.Transform):
     """v2.RandomResize(min_size, max_size) then v2.RandomCrop(size, pad_if_needed=True), resizing only the window.
 
     The same draws in the same order (the scaled shorter side, then the crop's top and left on the scaled size) give
@@ -83,49 +106,98 @@ class ScaledCrop(v2.Transform):
         self.min_size, self.max_size, self.size = min_size, max_size, size
 
     def make_params(self, flat_inputs: list) -> dict:
-        height, width = F.get_size(flat_inputs[0])
+        height, width = flat_inputs[0].shape[-2:]  # a tensor's (the pipeline's inputs are)
         shorter = int(torch.randint(self.min_size, self.max_size, ()))  # v2.RandomResize's draw
         scaled = resized_size((height, width), shorter)  # v2's resized size for a shorter side
         top, box_h, out_h, pad_top = _window(scaled[0], self.size, height)
         left, box_w, out_w, pad_left = _window(scaled[1], self.size, width)
-        return {"box": (top, left, box_h, box_w), "out": [out_h, out_w],
-                "padding": [pad_left, self.size - out_w - pad_left, pad_top, self.size - out_h - pad_top]}
+        padding = [pad_left, self.size - out_w - pad_left, pad_top, self.size - out_h - pad_top]
+        return {"box": (top, left, box_h, box_w), "out": [out_h, out_w], "padding": padding if any(padding) else None}
 
-    def transform(self, inpt, params):
-        top, left, box_h, box_w = params["box"]
-        window = inpt.as_subclass(torch.Tensor)[..., top:top + box_h, left:left + box_w]
-        mask = isinstance(inpt, tv_tensors.Mask)
-        if mask:
-            out = resize_exact(window, params["out"])
-        else:  # the window copied channels-innermost first: the resize keeps that layout and runs faster on it
-            if window.stride(0) == 1:
-                window = window.permute(1, 2, 0).contiguous().permute(2, 0, 1)
-            out = F.resize_image(window, params["out"], antialias=True)
-        if any(params["padding"]):  # torch's pad: v2's F.pad takes 3-4x as long on the decoder's channels-innermost
-            out = torch.nn.functional.pad(out, params["padding"], value=IGNORE_INDEX if mask else 0)
-        return tv_tensors.wrap(out, like=inpt) if isinstance(inpt, tv_tensors.TVTensor) else out
+    def image(self, image: torch.Tensor, params: dict) -> torch.Tensor:
+        """F.resize_image's antialiased bilinear resize (its pixels), called on the window as it lies in the
+        decoder's channels-innermost image: F.resize_image would copy the strided window first."""
+        window = _box(image, params["box"])[None]
+        out = torch.nn.functional.interpolate(window, params["out"], mode="bilinear", align_corners=False,
+                                              antialias=True)[0]
+        return _pad(out, params["padding"], 0)
+
+    def mask(self, mask: torch.Tensor, params: dict) -> torch.Tensor:
+        return _pad(resize_exact(_box(mask, params["box"]), params["out"]), params["padding"], IGNORE_INDEX)
+
+
+def _box(pixels: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:
+    top, left, height, width = box
+    return pixels[..., top:top + height, left:left + width]
+
+
+def _pad(pixels: torch.Tensor, padding: list[int] | None, value: int) -> torch.Tensor:
+    """torch's pad (v2's F.pad took 3-4x as long on a channels-innermost window)."""
+    return pixels if padding is None else torch.nn.functional.pad(pixels, padding, value=value)
+
+
+def _flip_pair(step: v2.RandomHorizontalFlip):
+    threshold = flip_threshold(step.p)
+    return lambda image, mask: (image, mask) if torch.rand(1).item() >= threshold else (image.flip(-1), mask.flip(-1))
+
+
+def _image_only(direct):
+    return lambda image, mask: (direct(image), mask)
+
+
+def _through_v2(transform, image: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A plain (image, mask) pair through a v2 pipeline as (tv_tensors.Image, tv_tensors.Mask), and back."""
+    image, mask = transform(image.as_subclass(tv_tensors.Image), mask.as_subclass(tv_tensors.Mask))
+    return image.as_subclass(torch.Tensor), mask.as_subclass(torch.Tensor)
+
+
+IMAGE_ONLY = (v2.ColorJitter, v2.Normalize)  # v2 steps that leave a Mask as it is (and ToDtype of one dtype)
 
 
 class JointCompose(DirectCompose):
-    """DirectCompose that also runs an (image, Mask) pair step by step: each step's draws once (a random-apply
-    step's coin, then `make_params` on the image), then its `transform` on the image and on the mask. The draws, their
-    order and the pixels are v2.Compose's; a step with a forward of its own sends the pair through v2 whole."""
+    """DirectCompose that also moves an (image, mask) pair: `pair` runs each step on plain tensors, without
+    tv_tensors or v2's per-call flattening and dispatch (bench/segmentation.py): a JointGeometry step's one draw
+    for both, a flip's coin for both, a photometric step on the image alone (DirectCompose's direct step). The
+    draws, their order and the pixels are v2.Compose's on (Image, Mask); a pipeline with any other step goes through
+    v2 whole."""
 
     def __init__(self, transforms: list):
         super().__init__(transforms)
-        self._pairs_direct = all(type(step).forward in (v2.Transform.forward, RANDOM_APPLY_FORWARD)
-                                 for step in transforms)
+        steps = [_joint_step(step, direct) for step, direct in zip(transforms, self.direct_steps, strict=True)]
+        self.pair_steps = None if None in steps else steps
+
+    def pair(self, image: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A plain uint8 (C, H, W) image and its (H, W) mask, transformed with one draw per step."""
+        if self.pair_steps is None:
+            return _through_v2(self, image, mask)  # forward: v2's own
+        for step in self.pair_steps:
+            image, mask = step(image, mask)
+        return image, mask
 
     def forward(self, *inputs):
-        if not self._pairs_direct or len(inputs) != 2 or not isinstance(inputs[1], tv_tensors.Mask):
+        if self.pair_steps is None or len(inputs) != 2 or not isinstance(inputs[1], tv_tensors.Mask):
             return super().forward(*inputs)
-        image, mask = inputs[0].as_subclass(torch.Tensor), inputs[1]
-        for step in self.transforms:
-            if type(step).forward is RANDOM_APPLY_FORWARD and torch.rand(1).item() >= flip_threshold(step.p):
-                continue
-            params = step.make_params([image])
-            image, mask = step.transform(image, params), step.transform(mask, params)
-        return image, mask
+        image, mask = self.pair(inputs[0].as_subclass(torch.Tensor), inputs[1].as_subclass(torch.Tensor))
+        return tv_tensors.wrap(image, like=inputs[0]), tv_tensors.wrap(mask, like=inputs[1])
+
+
+def _joint_step(step, direct):
+    """`step` as a function of a plain (image, mask) pair, or None where only v2 knows what it does to a mask."""
+    if isinstance(step, JointGeometry):
+        return step.pair
+    if type(step) is v2.RandomHorizontalFlip:
+        return _flip_pair(step)
+    if type(step) in IMAGE_ONLY or (type(step) is v2.ToDtype and isinstance(step.dtype, torch.dtype)):
+        return _image_only(direct)
+    return None
+
+
+def joint(transform):
+    """`transform` as a function of a plain (image, mask) pair: JointCompose's `pair`, else v2 on tv_tensors
+    (picklable either way: Samples carries it to spawned workers)."""
+    if isinstance(transform, JointCompose):
+        return transform.pair
+    return partial(_through_v2, transform)
 
 
 @dataclass

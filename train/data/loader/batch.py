@@ -86,8 +86,13 @@ def readable(samples: list) -> tuple[list, int]:
     return good, len(samples) - len(good)
 
 
-def collate_labels(good: list) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Targets and, for training samples `(image, target, index)`, the indices."""
+def collate_labels(good: list, shared: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Targets and, for training samples `(image, target, index)`, the indices. `shared=False` (the ring, which
+    pickles what it returns by value anyway) stacks tensor targets (masks) in ordinary memory: default_collate in a
+    worker makes a new shared-memory segment for them every batch."""
+    if not shared and isinstance(good[0][1], torch.Tensor):
+        indices = default_collate([sample[2] for sample in good]) if len(good[0]) > 2 else None
+        return torch.stack([sample[1] for sample in good]), indices
     columns = default_collate([sample[1:] for sample in good])
     return columns[0], (columns[1] if len(columns) > 1 else None)
 

@@ -161,7 +161,7 @@ class ShmRing:
         if count is None:
             return collate(samples)
         stack_images(images, self.buffers[info.id, count % self.slots])
-        targets, indices = collate_labels(good)
+        targets, indices = collate_labels(good, shared=False)
         return RingBatch(self.token, info.id, count, len(good), channels_innermost(images[0]), _by_value(targets),
                          _by_value(indices), bad)
 
@@ -178,7 +178,7 @@ class ShmRing:
         if count is None:
             return collate(samples)
         encoded = Encoded.join([sample[0] for sample in good], out=self.buffers[worker, count % self.slots])
-        targets, indices = collate_labels(good)
+        targets, indices = collate_labels(good, shared=False)
         return RingBatch(self.token, worker, count, len(good), False, _by_value(targets), _by_value(indices), bad,
                          encoded=(size, encoded.offsets, encoded.geometry))
 
