@@ -1,13 +1,16 @@
 """data.autotune (train/data/loader/autotune.py): with real workers and real JPEG files, a decode-bound run started
-without workers gets one by its second epoch, says so in one line and trains the very samples a run without autotune
-trains; a resume keeps the choice; a compute-bound run changes nothing; memory near its limit takes a worker away."""
+without workers gets one by its second epoch, or within its first when that epoch is long, says so in one line and
+trains the very samples a run without autotune trains; a resume keeps the choice; a compute-bound run changes
+nothing; memory near its limit takes a worker away; a change goes straight to the worker count the pace asks."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+from dataclasses import replace
 
+import pytest
 import torch
 
 from tests.conftest import compose_config, read_metrics
@@ -71,12 +74,14 @@ def trained(run_dir) -> list:
     return [json.loads(path.read_text())["batches"] for path in sorted((run_dir / "samples").glob("epoch*.json"))]
 
 
+@pytest.mark.slow
 def test_a_decode_bound_run_gets_a_worker_by_epoch_two_and_trains_the_same_samples(tiny_dataset, tmp_path, caplog):
     lines, records = fit(tiny_dataset, tmp_path / "tuned", caplog)
     # the decode burns CPU; on a loaded machine the wall time around it can count as the read instead
     assert records[0]["bound"] in ("decode", "read/fetch"), records[0]
     assert lines[:3] == ["where a sample's time went (0 workers)",
-                         f"autotune: data.num_workers 0 -> 1 ({records[0]['bound']}-bound, a core free)",
+                         f"autotune: data.num_workers 0 -> 1, data.prefetch_factor 1 -> 2 ({records[0]['bound']}-bound,"
+                         " a core free)",
                          "where a sample's time went (1 workers)"], lines  # epoch 2 ran with the worker
     assert not [line for line in fit(tiny_dataset, tmp_path / "static", caplog, "data.autotune=false")[0]
                 if line.startswith("autotune")]
@@ -85,6 +90,7 @@ def test_a_decode_bound_run_gets_a_worker_by_epoch_two_and_trains_the_same_sampl
     assert [r["train_loss"] for r in records] == [r["train_loss"] for r in static]  # the same pixels too
 
 
+@pytest.mark.slow
 def test_a_resume_keeps_the_chosen_workers(tiny_dataset, tmp_path, caplog):
     run_dir = tmp_path / "run"
     fit(tiny_dataset, run_dir, caplog, "trainer.epochs=2")
@@ -112,3 +118,39 @@ def test_memory_near_its_limit_takes_a_worker_away_and_blocks_growth():
     assert backed_off.num_workers == 1 and "memory" in backed_off.why
     assert decide(starved, plan, cap=4, pressure=None, extra_bytes=1).num_workers == 4
     assert decide(Finding("compute", "workers", 0.01, 0.01, 0.1), plan, cap=4, pressure=None, extra_bytes=1) is None
+
+
+@pytest.mark.slow
+def test_a_long_first_epoch_gets_its_worker_within_the_epoch_and_trains_the_same_samples(tiny_dataset, tmp_path,
+                                                                                         caplog):
+    """240 samples in batches of 2: 120 batches, long enough to measure a window and change at a batch boundary."""
+    long = ("data.batch_size=2", "trainer.limit_batches=null", "trainer.epochs=2")
+    lines, records = fit(tiny_dataset, tmp_path / "tuned", caplog, *long)
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("autotune: data.num_workers 0 -> 1, data.prefetch_factor 1 -> 2 ("), lines
+    assert lines[1:] == ["where a sample's time went (1 workers)"] * 2, lines  # the change came within epoch 1
+    static_lines, static = fit(tiny_dataset, tmp_path / "static", caplog, *long, "data.autotune=false")
+    assert not [line for line in static_lines if line.startswith("autotune")]
+    assert trained(tmp_path / "tuned") == trained(tmp_path / "static")  # the same (epoch, index) sequence
+    assert [r["train_loss"] for r in records] == [r["train_loss"] for r in static]  # the same pixels too
+
+
+PLAN = LoaderPlan(num_workers=0, batch_size=16, prefetch_factor=1, pin_memory=False, image_size=32, dtype=torch.uint8)
+
+
+def test_a_change_goes_straight_to_the_workers_the_pace_asks_with_two_batches_in_flight_each():
+    slow_decode = Finding("decode", "workers", wait_frac=0.7, worker_s=0.012, step_s=0.004)  # 3 workers keep pace
+    change = decide(slow_decode, PLAN, cap=6, pressure=None, extra_bytes=1)
+    assert (change.num_workers, change.prefetch_factor) == (3, 2)
+    assert decide(slow_decode, PLAN, cap=2, pressure=None, extra_bytes=1).num_workers == 2  # the cores' share
+
+
+def test_at_the_cores_share_a_deeper_prefetch_only_where_the_workers_keep_the_pace_on_average():
+    at_cap = LoaderPlan(num_workers=2, batch_size=16, prefetch_factor=2, pin_memory=False, image_size=32,
+                        dtype=torch.uint8)
+    jitter = Finding("read/fetch", "workers", wait_frac=0.3, worker_s=0.006, step_s=0.004)  # 2 workers: 3 ms each
+    assert decide(jitter, at_cap, cap=2, pressure=None, extra_bytes=1).prefetch_factor == 4
+    barely = replace(jitter, wait_frac=0.15)  # a wait too short to be worth restarting the workers for
+    assert decide(barely, at_cap, cap=2, pressure=None, extra_bytes=1) is None
+    too_slow = Finding("decode", "workers", wait_frac=0.6, worker_s=0.02, step_s=0.004)  # 5 workers would keep pace
+    assert decide(too_slow, at_cap, cap=2, pressure=None, extra_bytes=1) is None  # a restart for nothing

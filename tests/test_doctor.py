@@ -15,6 +15,7 @@ from tests.tiny_net import TinyNet
 from train.data import data_from_config
 from train.data.augment import Recipe
 from train.data.datasets import ImageFolderDataset
+from train.data.loader.stages import DECODE, READ, SPLIT_EVERY, StageClock
 from train.data.transforms import DirectCompose
 from train.dist import DistEnv
 from train.loop.engine import Trainer
@@ -79,6 +80,7 @@ def test_a_slow_disk_is_named_read_bound_with_more_workers_or_a_faster_disk(tiny
     assert "where a sample's time went" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_costly_augment_step_is_named_augment_bound_with_a_cheaper_recipe(tiny_dataset, tmp_path, caplog):
     record = run(tiny_dataset, tmp_path, caplog, "augment._target_=tests.test_doctor.BurningRecipe")[-1]
     assert record["bound"] == "augment", diagnosis(caplog)
@@ -91,3 +93,32 @@ def test_a_model_that_dominates_is_named_compute_bound(tiny_dataset, tmp_path, c
     assert record["compute_share"] > 0.5
     assert sum(record[f"{s}_share"] for s in ("read", "decode", "augment", "collate", "handoff", "copy", "wait",
                                               "compute")) == pytest.approx(1.0)
+
+
+def test_a_read_and_decode_in_one_call_are_split_by_the_cpu_share_of_the_calls_that_read_it():
+    """The clock reads the thread's CPU time on one call in SPLIT_EVERY and gives the others the CPU time the measured
+    ones took: calls that wait are read, calls that burn CPU (a few batches on) decode, and no time is lost."""
+    clock = StageClock()
+
+    def batch(work) -> tuple[float, float]:
+        walls = 0
+        for _ in range(2 * SPLIT_EVERY):
+            began = time.perf_counter_ns()
+            clock.start()
+            work()
+            clock.split(READ, DECODE)
+            walls += time.perf_counter_ns() - began
+        sums = clock.take()
+        assert sums[READ] + sums[DECODE] == pytest.approx(walls, rel=0.05)
+        return sums[READ] / walls, sums[DECODE] / walls
+
+    waiting = batch(lambda: time.sleep(0.001))
+    burning = [batch(lambda: _burn(0.001)) for _ in range(4)][-1]
+    # a sleep uses no CPU however loaded the machine; a burn's share of the wall is its share of a core
+    assert waiting[1] < 0.2 and burning[1] > 2 * waiting[1] + 0.05, (waiting, burning)
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass

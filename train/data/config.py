@@ -53,8 +53,9 @@ class DataConfig:
     # cpu: workers decode | device: workers ship encoded bytes, the batch is decoded on the training device
     # (torchcodec: batched nvJPEG on CUDA; train/data/fast/encoded.py)
     decode: Decode = Decode.cpu
-    # between epochs, more workers (within the cores' share and memory), then a deeper prefetch, where the epoch's
-    # diagnosis says the workers are the bound; fewer when memory nears its limit (train/data/loader/autotune.py)
+    # between epochs and once within a long first epoch: the worker count the measured pace asks (within the cores'
+    # share and memory), or a deeper prefetch, where the diagnosis says the workers are the bound; fewer when memory
+    # nears its limit (train/data/loader/autotune.py)
     autotune: bool = False
 
 

@@ -203,6 +203,8 @@ class Trainer:
             meter.stepped(len(batch), loss, batch.bad, batch.decode_fallbacks,
                           *((self.step.grad_norm, self.step.lr) if updated else (None, None)), indices=batch.indices)
             self.monitor.on_step(self.progress.step, meter)
+            if self.autotune is not None:  # once within a long first epoch, at this batch boundary
+                self.autotune.during_epoch(self.progress.batch_in_epoch, self.batches.per_epoch, meter, self.doctor)
             if not updated:
                 continue
             self.console.stepped(desc, meter, self.progress.step, self.plan.last_step(tc.max_steps))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from train.data.loader.plan import usable_cores
+from train.data.loader.samplers import shards_ahead
 from train.data.loader.stages import WORKER_STAGES
 from train.data.source import Offers
 
@@ -28,6 +29,7 @@ BOUND_OF = {"read": "read/fetch", "decode": "decode", "augment": "augment", "col
             "handoff": "hand-off", "copy": "copy"}
 WAITS = 0.10  # the loop waiting longer than this share of the epoch: the loader is the bound
 HEADROOM = 2.0  # the loader feeding this many times the step's pace: the step is the bound ("compute")
+FETCH_AHEAD = "dataset.prefetch_shards"  # the key of the shards fetched ahead (a shard or store source's own)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Machine:
     scaled_decode: bool = True
     prefetch_shards: int = 0
     image_size: int = 224
-    store: bool = False  # shards or a store the loader fetches from (data.prefetch_shards applies)
+    store: bool = False  # shards or a store the loader fetches from (FETCH_AHEAD applies)
     stored_pixels: bool = False  # packed or decoded samples: nothing to decode
     faster_step: tuple[str, ...] = ("a larger data.batch_size",)  # what a compute-bound run could still change
 
@@ -52,7 +54,7 @@ class Machine:
     def of(cls, data, plan, source, device: torch.device, trainer=None) -> Machine:
         offers = Offers.of(source)
         return cls(device.type, usable_cores(), plan.num_workers, plan.pin_memory, bool(data.device_transforms),
-                   str(data.decode), int(data.cache_bytes), bool(data.scaled_decode), int(data.prefetch_shards),
+                   str(data.decode), int(data.cache_bytes), bool(data.scaled_decode), shards_ahead(source),
                    plan.image_size, offers.fetch_shard, offers.decoded or offers.read_crops, faster_step(trainer))
 
 
@@ -123,7 +125,7 @@ def fixes(stage: str, machine: Machine, worker_s: float, step_s: float) -> list[
         out.append(f"a smaller image (data.image_size={machine.image_size} now)")
     elif stage == "read":
         if machine.store:
-            out.append(f"data.prefetch_shards={max(2 * machine.prefetch_shards, 4)} (now {machine.prefetch_shards}) "
+            out.append(f"{FETCH_AHEAD}={max(2 * machine.prefetch_shards, 4)} (now {machine.prefetch_shards}) "
                        "to fetch further ahead of the workers")
         else:
             out.append("a faster disk (local NVMe), or fewer bytes to read: the sample cache (data.cache_bytes) or "
@@ -199,6 +201,17 @@ class Doctor:
         """The loader now runs `num_workers` (data.autotune changed it)."""
         self.machine = replace(self.machine, num_workers=num_workers)
 
+    def find(self, stages: dict[str, float] | None, record: dict) -> Finding | None:
+        """The diagnosis of a stretch of training as figures (an epoch, or data.autotune's window of one), from its
+        stage sums and its record ({"images", "data_wait_frac", "epoch_s"}); None when nothing was measured."""
+        times = per_sample(stages, record) if stages is not None else None
+        return None if times is None else self._finding(times, record["data_wait_frac"])
+
+    def _finding(self, times: dict[str, float], wait_frac: float) -> Finding:
+        feeders_s = feeders(times, self.machine)
+        return Finding(diagnose(times, wait_frac, self.machine)[0], max(feeders_s, key=feeders_s.get), wait_frac,
+                       sum(times[name] for name in WORKER_STAGES), times["compute"])
+
     def examine(self, stages: dict[str, float] | None, record: dict, log_it: bool = True) -> dict:
         """The epoch's stage shares and bound (into the record), logged as a table and one line; {} when nothing
         was measured."""
@@ -207,9 +220,7 @@ class Doctor:
         if times is None:
             return {}
         bound, line = diagnose(times, record["data_wait_frac"], self.machine)
-        feeders_s = feeders(times, self.machine)
-        self.finding = Finding(bound, max(feeders_s, key=feeders_s.get), record["data_wait_frac"],
-                               sum(times[name] for name in WORKER_STAGES), times["compute"])
+        self.finding = self._finding(times, record["data_wait_frac"])
         if log_it:
             self._log(times, line)
         return {**shares(times), "bound": bound}

@@ -1,12 +1,20 @@
-"""data.autotune: between epochs, the loader moves toward the measured best, from the doctor's diagnosis.
+"""data.autotune: the loader moves toward the measured best, from the doctor's diagnosis: between epochs, and once
+within the first epoch of a long one.
 
-An epoch whose loop waited on the worker stages (read, decode, augment, collate) with cores free gets the worker
-count the doctor says would feed the step's pace, within the cores' share (plan.worker_share) and the memory left;
-with the workers at that share, a deeper prefetch. A compute-bound epoch, or one the loader keeps up with, changes
-nothing. When RAM or /dev/shm nears its limit it takes a worker away instead. Only between epochs: the training
-stream is rebuilt at its position, and a sample is a function of (seed, epoch, index) alone, so the order and the
-pixels stay those of a run without autotune. Under DDP every rank applies the smallest of the ranks' choices (one
-all-reduce), and the choice is a Stateful part of the checkpoint, so a resume starts with it.
+A stretch whose loop waited on the worker stages (read, decode, augment, collate) with cores free gets, in one
+change, the worker count the measured pace asks (worker time a sample / the step's time a sample), within the cores'
+share (plan.worker_share) and the memory left, and at least two batches in flight per worker: each change restarts
+the workers, so it goes straight to the target. With the workers at that share, a deeper prefetch only where the
+workers keep the step's pace on average and the loop still waited long (over twice WAITS: jitter a deeper queue
+absorbs, worth a restart); a loader slower than the step on average gains nothing from it. A compute-bound stretch,
+or one the loader keeps up with, changes nothing. When RAM or /dev/shm nears its limit it takes a worker away.
+
+Within the first epoch this process trains, if it is long enough for a restart to pay off, the loop calls
+`during_epoch` after each batch: it measures batches WARMUP..WARMUP+WINDOW (after the start-up) and decides once, at a
+batch boundary; the training stream is rebuilt at its position (DataPipeline.replan, as between epochs). A sample is
+a function of (seed, epoch, index) alone, so the order and the pixels stay those of a run without autotune. Under
+DDP every rank decides at the same batch and applies the smallest of the ranks' choices (one all-reduce each), and
+the choice is a Stateful part of the checkpoint, so a resume starts with it.
 """
 
 from __future__ import annotations
@@ -14,20 +22,25 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import time
 from dataclasses import dataclass, replace
 
 import psutil
 
 from train.data.loader.plan import LoaderPlan, worker_share
 from train.data.loader.shm import SHM_PATH, check_shm
+from train.data.loader.stages import since
 from train.dist import DistEnv, any_rank
-from train.observe.doctor import WAITS, Finding
+from train.observe.doctor import WAITS, Doctor, Finding
 from train.observe.memory import MemorySampler
 
 log = logging.getLogger(__name__)
 
 MAX_PREFETCH = 8  # batches per worker: deeper only smooths jitter further
+MIN_PREFETCH = 2  # batches per worker when workers are added: one in the main process's hands, one being made
 RESERVE = 0.10  # back off when RAM or /dev/shm has less than this share free
+WARMUP, WINDOW = 4, 16  # within an epoch: batches skipped (the start-up), then batches measured
+LONG = 4  # within an epoch only when at least this many windows' batches follow the measured ones
 
 
 @dataclass(frozen=True)
@@ -69,31 +82,89 @@ def decide(finding: Finding | None, plan: LoaderPlan, cap: int, pressure: str | 
         return Change(workers - 1, prefetch, f"memory near its limit: {pressure}") if workers > 0 else None
     if finding is None or finding.feeder != "workers" or finding.wait_frac <= WAITS:
         return None
+    asked = math.ceil(finding.worker_s / max(finding.step_s, 1e-9))  # the workers that keep the step's pace
     if workers < cap:
-        wanted = min(cap, max(workers + 1, math.ceil(finding.worker_s / max(finding.step_s, 1e-9))))
+        wanted = min(cap, max(workers + 1, asked))
         wanted = min(wanted, workers + max(psutil.virtual_memory().available // max(extra_bytes, 1) - 1, 0))
-        grown = replace(plan, num_workers=wanted)
+        grown = replace(plan, num_workers=wanted, prefetch_factor=max(prefetch, MIN_PREFETCH))
         if wanted > workers and check_shm(grown.shm_bytes - plan.shm_bytes) is None:
             free = cap - workers
-            return Change(wanted, prefetch, f"{finding.bound}-bound, {'a core' if free == 1 else f'{free} cores'} "
-                                            "free")
+            return Change(wanted, grown.prefetch_factor,
+                          f"{finding.bound}-bound, {'a core' if free == 1 else f'{free} cores'} free")
         return None
-    if workers > 0 and prefetch < MAX_PREFETCH:
+    if workers > 0 and asked <= workers and prefetch < MAX_PREFETCH and finding.wait_frac > 2 * WAITS:
         deeper = min(2 * prefetch, MAX_PREFETCH)
         if check_shm(replace(plan, prefetch_factor=deeper).shm_bytes - plan.shm_bytes) is None:
-            return Change(workers, deeper, f"{finding.bound}-bound, the workers at the cores' share of {cap}")
+            return Change(workers, deeper, f"{finding.bound}-bound, the workers at the cores' share of {cap} keep "
+                                           "the step's pace on average")
     return None
 
 
+@dataclass(frozen=True)
+class Mark:
+    """Where a window of an epoch began: the stage sums, the loop's wait, the images, the time."""
+
+    stages: dict[str, float] | None  # None: the loader is not timed
+    wait_s: float
+    images: int
+    at: float
+
+
 class Autotune:
-    """The loader's plan, tuned after each epoch (`after_epoch`); a Stateful part of the checkpoint."""
+    """The loader's plan, tuned after each epoch (`after_epoch`) and once within a long first epoch
+    (`during_epoch`); a Stateful part of the checkpoint."""
 
     def __init__(self, data, env: DistEnv, sampler: MemorySampler | None = None, cores: int | None = None):
         self.data, self.env, self.sampler = data, env, sampler  # data: the DataPipeline
         self.cap = worker_share(env.local_world_size, cores)
+        self._first_batch: int | None = None  # the batch this process's first epoch started after
+        self._mark: Mark | None = None
+        self._within_done = False  # the one within-epoch decision made (or not wanted)
+        self._changed_within = False  # this epoch's figures mix two plans: no decision at its end
 
     def after_epoch(self, finding: Finding | None) -> Change | None:
         """Collective under DDP: every rank calls it after the same epoch and applies the same change."""
+        self._within_done = True
+        if self._changed_within:
+            self._changed_within = False
+            return None
+        return self._agree(finding)
+
+    def during_epoch(self, batch_in_epoch: int, per_epoch: int, meter, doctor: Doctor) -> Change | None:
+        """After each training batch of an epoch (`meter`: its EpochMeter): in the first epoch this process trains,
+        if long, the window's diagnosis and the agreed change, applied at this batch boundary; the doctor is told
+        the new worker count. Collective at the deciding batch, which is the same on every rank."""
+        if self._within_done:
+            return None
+        if self._first_batch is None:
+            self._first_batch = batch_in_epoch - 1
+            if per_epoch - self._first_batch < WARMUP + WINDOW * (1 + LONG):
+                self._within_done = True
+                return None
+        done = batch_in_epoch - self._first_batch
+        if done >= WARMUP and self._mark is None:
+            self._mark = self._mark_now(meter)
+        if done < WARMUP + WINDOW:
+            return None
+        self._within_done = True
+        now, mark = self._mark_now(meter), self._mark
+        seconds = now.at - mark.at
+        record = {"images": now.images - mark.images, "epoch_s": seconds,
+                  "data_wait_frac": (now.wait_s - mark.wait_s) / seconds if seconds > 0 else 0.0}
+        stages = since(now.stages, mark.stages) if now.stages is not None else None
+        change = self._agree(doctor.find(stages, record))
+        if change is not None:
+            doctor.retarget(change.num_workers)
+            self._changed_within = True
+        return change
+
+    def _mark_now(self, meter) -> Mark:
+        clocks = getattr(self.data.train, "stages", None)
+        return Mark(clocks.snapshot() if clocks is not None else None, meter.data_wait_s, meter.images,
+                    time.perf_counter())
+
+    def _agree(self, finding: Finding | None) -> Change | None:
+        """This rank's choice from `finding`, the smallest over the ranks (one all-reduce each), applied."""
         plan = self.data.plan
         change = decide(finding, plan, self.cap, memory_pressure(), worker_bytes(self.sampler))
         workers, prefetch = (change.num_workers, change.prefetch_factor) if change else \
@@ -112,7 +183,10 @@ class Autotune:
                     (("num_workers", plan.num_workers, workers), ("prefetch_factor", plan.prefetch_factor, prefetch))
                     if old != new]
             log.info("autotune: %s (%s)", ", ".join(said), why)
+        clocks = getattr(self.data.train, "stages", None)
         self.data.replan(replace(plan, num_workers=workers, prefetch_factor=prefetch))
+        if clocks is not None and self.data.train.stages is not None:  # one epoch's sums across the change
+            clocks.hand_over(self.data.train.stages)
 
     def state_dict(self) -> dict:
         return {"num_workers": self.data.plan.num_workers, "prefetch_factor": self.data.plan.prefetch_factor}

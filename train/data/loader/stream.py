@@ -185,14 +185,14 @@ class TrainStream:
         epoch = self.epoch
         if per_epoch == 0 or epoch >= self.batches.epochs:
             return
-        if self._iter is None:
-            self.batches.start_epoch, self.batches.start_batch = self.epoch, self.batch
-            main = self.stages.main if self.stages is not None else None
-            on_device = self.to_device(_with_position(self.loader, self.stateful, main))
-            if main is not None and hasattr(on_device, "stages"):  # a DevicePrefetcher times the copy
-                on_device.stages = main
-            self._iter = iter(on_device)
         while self.epoch == epoch:
+            if self._iter is None:  # the epoch's first batch, or the loader was replaced here (data.autotune)
+                self.batches.start_epoch, self.batches.start_batch = self.epoch, self.batch
+                main = self.stages.main if self.stages is not None else None
+                on_device = self.to_device(_with_position(self.loader, self.stateful, main))
+                if main is not None and hasattr(on_device, "stages"):  # a DevicePrefetcher times the copy
+                    on_device.stages = main
+                self._iter = iter(on_device)
             try:
                 batch = next(self._iter)
             except BaseException:
