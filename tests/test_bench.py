@@ -14,6 +14,7 @@ import gpu_prefetch  # noqa: E402
 
 
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetcher", "synchronous-copy"])
+@pytest.mark.slow
 def test_gpu_prefetch_measures_data_wait_over_several_epochs(tiny_dataset, prefetch):
     small = ("model.name=resnet18", "data.batch_size=32", "data.image_size=32", "data.num_workers=2",
              "data.pin_memory=false")  # the a100 profile otherwise: 7 batches an epoch here, 12 steps span two

@@ -323,6 +323,7 @@ def test_a_train_step_is_built_from_typed_parts_without_hydra():
 COUNTING = ROOT / "examples" / "counting"
 
 
+@pytest.mark.slow
 def test_own_task_in_one_file_trains_from_outside_the_package(tmp_path, monkeypatch):
     """examples/counting: its task (a regression: MSE, val_mae, best by the lowest) and its source, named by the
     example's YAML on the search path, trained by the loop; its figures join the vocabulary and best.pt follows

@@ -127,6 +127,8 @@ def test_decode_crop_scales_by_the_box_not_the_image():
     big_box = decode_crop(data, (0.0, 0.0, 1200.0, 1600.0), (224, 224))  # 1/4 keeps 300 x 400 >= 224
     reference = v2.functional.resize(full, [224, 224], antialias=True)
     assert (big_box.float() - reference.float()).abs().mean() < 3
+    # HWC in memory, as the decoder writes it: the batch is then stacked channels_last, a row copy (loader/batch.py)
+    assert small_box.stride() == (1, 224 * 3, 3) and big_box.stride() == (1, 224 * 3, 3)
 
 
 def test_split_keeps_the_steps_after_the_crop():

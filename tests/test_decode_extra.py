@@ -51,6 +51,7 @@ def test_the_image_installs_the_extra_only_on_a_torch_that_loads_it(torch_versio
     assert check_torch.decode_requirements(torch_version) == (check_torch.DECODE_EXTRA if installed else ())
 
 
+@pytest.mark.slow
 def test_decode_device_without_torchcodec_names_the_extra_in_one_line(small_run_args, tmp_path):
     """A PYTHONPATH whose `torchcodec` is not there as far as an import goes (ModuleNotFoundError)."""
     absent = tmp_path / "site" / "torchcodec"

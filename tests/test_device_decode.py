@@ -75,6 +75,7 @@ def test_device_decode_gives_the_pixels_of_a_cpu_decoded_run_through_the_ring(ti
     assert int(ring.overruns) == 0 and int(ring.received.max()) > 0, "every batch went through the ring"
 
 
+@pytest.mark.slow
 def test_dct_scaled_photos_crop_the_same_boxes(tmp_path):
     """640 x 480 photos at a 37 px resize, half of them tagged "rotate 90" or "rotate 270": the CPU path decodes at
     1/8 as stored and crops there; the device decodes whole, upright, turns it back and resizes to the same size
@@ -223,6 +224,7 @@ def phone_photos(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("recipe", ["crop_flip", "imagenet"])
+@pytest.mark.slow
 def test_exif_rotated_photos_give_the_pixels_of_a_cpu_decoded_run(phone_photos, recipe):
     """torchcodec turns a JPEG upright by its EXIF orientation; the CPU path keeps pixels as stored (decode.py). The
     device path undoes the turn before its crops, so the boxes drawn on the stored size land on the same pixels: no

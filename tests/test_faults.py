@@ -32,6 +32,7 @@ class RunsCode:
 
 # -- 1. no file runs code --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("key", ["model.weights", "trainer.resume"])
+@pytest.mark.slow
 def test_a_weights_file_that_runs_code_is_refused_and_never_runs(small_run_args, tmp_path, key):
     marker, planted = tmp_path / "pwned", tmp_path / "downloaded.pt"
     torch.save({"format": checkpoint.FORMAT, "model": RunsCode(marker)}, planted)

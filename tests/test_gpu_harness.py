@@ -64,6 +64,7 @@ def resolve_offline(tmp_path: Path, *find_links: Path) -> subprocess.CompletedPr
         capture_output=True, text=True, timeout=120, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
 
 
+@pytest.mark.slow
 def test_the_wheel_set_resolves_offline_for_the_gpu_machine(tmp_path):
     """`make gpu-wheels` (network; a complete set is kept) + the machine's preinstalled packages = everything
     gpu_check, `python -m train` and `pytest -m cuda` import, for CPython 3.12 on manylinux_2_28_x86_64."""
@@ -205,6 +206,7 @@ def test_a_gpu_box_whose_cuda_is_unusable_stops_the_check_in_one_line(tmp_path):
     assert done.returncode == 0 and "the CUDA parts are skipped" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_report_json_is_written_before_the_first_part_ends(tmp_path):
     """A command killed during a part (the lent machine's 10-minute limit) still leaves report.json: the facts,
     and the parts not finished."""
@@ -278,6 +280,7 @@ def test_ddp_always_wraps_a_single_torchrun_process_in_ddp(tiny_dataset, tmp_pat
     assert "epoch 1/1" in log and "process group:" not in log
 
 
+@pytest.mark.slow
 def test_ddp_always_outside_torchrun_fails_in_one_line(small_run_args):
     done = run_cli([*small_run_args, "trainer.ddp=always"], timeout=120)
     lines = done.stderr.strip().splitlines()

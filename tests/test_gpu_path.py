@@ -53,6 +53,7 @@ def test_each_rank_takes_its_own_gpu_and_a_missing_one_names_nproc_per_node():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA is unusable")
 @pytest.mark.parametrize(("env", "said"), [({}, "CUDA is unusable here"),
                                            ({"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES='' hides every GPU")])
+@pytest.mark.slow
 def test_a_gpu_profile_without_usable_cuda_fails_in_one_line_instead_of_training_on_the_cpu(small_run_args, env, said):
     result = run_cli([*small_run_args, "hardware=a100"], env=env, timeout=120)
     assert result.returncode == 2, result.stdout[-2000:]
@@ -60,6 +61,7 @@ def test_a_gpu_profile_without_usable_cuda_fails_in_one_line_instead_of_training
     assert len(lines) == 1 and said in lines[0] and "hardware=cpu" in lines[0], result.stderr
 
 
+@pytest.mark.slow
 def test_every_run_logs_its_device(small_run_args, tmp_path):
     result = run_cli([*small_run_args, "trainer.epochs=1", "trainer.max_steps=1"], timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -127,7 +129,7 @@ def test_out_of_memory_without_auto_is_one_line_exit_3_and_a_retry_of_the_same_c
 
 def test_micro_batches_give_the_whole_batch_gradient(tiny_dataset):
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=8",
-                          "trainer.precision=fp32", "model.name=resnet18"])
+                          "trainer.precision=fp32", "model._target_=tests.tiny_net.TinyNet"])
     grads = {}
     for size in (None, 3):
         torch.manual_seed(0)

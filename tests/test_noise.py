@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from tests.conftest import run_cli
@@ -13,6 +14,7 @@ from tests.conftest import run_cli
 WARNINGS_WARN = re.compile(r"\.py:\d+: \w*Warning: ")  # warnings.warn's format: file:line: Category: text, then source
 
 
+@pytest.mark.slow
 def test_a_cpu_run_with_workers_and_the_profiler_says_each_thing_once(tiny_dataset, tmp_path):
     if torch.cuda.is_available():
         return  # the CPU box's noise; on CUDA pinning is real and libkineto's messages may matter

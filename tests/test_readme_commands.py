@@ -201,11 +201,8 @@ def scratch(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("commands")
 
 
-PARAMS = [pytest.param(doc, command, marks=pytest.mark.slow) if REAL.get(command) else pytest.param(doc, command)
-          for doc, command in COMMANDS]  # those that train for real run in `make test`; test-fast composes the rest
-
-
-@pytest.mark.parametrize("doc, command", PARAMS, ids=[f"{doc}: {command[:70]}" for doc, command in COMMANDS])
+@pytest.mark.slow  # a shell and a Python start per command: `make test` runs them, test-fast checks the lists above
+@pytest.mark.parametrize("doc, command", COMMANDS, ids=[f"{doc}: {command[:70]}" for doc, command in COMMANDS])
 def test_command_runs_as_typed(doc, command, shell_home, scratch):
     if command in CANNOT:
         pytest.skip(CANNOT[command])

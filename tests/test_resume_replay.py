@@ -36,6 +36,7 @@ def run_dir(failed_run, tmp_path) -> Path:
     return Path(shutil.copytree(failed_run, tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_a_masked_url_is_asked_for_again_not_replayed(run_dir):
     assert "data.root=https://***@127.0.0.1:1/data" in (run_dir / ".hydra" / "overrides.yaml").read_text()
     result = run_cli(["trainer.resume=auto", f"hydra.run.dir={run_dir}"])
@@ -46,6 +47,7 @@ def test_a_masked_url_is_asked_for_again_not_replayed(run_dir):
     assert f"data.root={SECRET_URL}" in given and not any("***" in override for override in given)
 
 
+@pytest.mark.slow
 def test_the_frozen_keys_are_compared_as_the_run_resolved_them(run_dir):
     config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
     assert config["data"]["image_size"] == 64, "hardware=auto's ${if_cuda:224,64} as this CPU run resolved it"
@@ -62,6 +64,7 @@ def test_the_frozen_keys_are_compared_as_the_run_resolved_them(run_dir):
     ("- at: now\n  overrides: [trainer.epochs=5\n", "unreadable (while parsing a flow sequence)"),
     ("- trainer.epochs=5\n", "an entry without a list of overrides ('trainer.epochs=5')"),
 ])
+@pytest.mark.slow
 def test_a_damaged_resumes_yaml_is_one_line(run_dir, text, line):
     path = run_dir / ".hydra" / RESUMES
     path.write_text(text)
@@ -71,6 +74,7 @@ def test_a_damaged_resumes_yaml_is_one_line(run_dir, text, line):
         result.stderr
 
 
+@pytest.mark.slow
 def test_record_rewrites_resumes_yaml_whole_with_urls_masked(run_dir):
     record(run_dir, ["hardware=auto", "trainer.epochs=5"])
     record(run_dir, ["trainer.epochs=6", f"data.root={SECRET_URL}"])
@@ -101,6 +105,7 @@ def test_a_group_chosen_again_replays_none_of_the_runs_keys_inside_it(tmp_path):
         "trainer.epochs=2", "dataset=csv", "trainer.resume=auto", "hydra.output_subdir=null"]
 
 
+@pytest.mark.slow
 def test_a_run_from_before_the_task_group_resumes(run_dir):
     """A run dir written before `task=` existed: no task in its config.yaml and `trainer.label_smoothing` among its
     overrides. The resume replays the value under its new key and does not refuse the missing frozen task."""

@@ -15,6 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from train.data.loader.batch import Batch, collate
 from train.data.loader.plan import RING_SPARE_SLOTS, LoaderPlan
 from train.data.loader.ring import ShmRing, build_collate
+from train.data.loader.stateful import shutdown_workers
 from train.data.loader.stream import EpochBatchSampler
 from train.data.samples import BadSampleError, Samples
 
@@ -220,6 +221,9 @@ def test_build_collate_sizes_the_ring_from_the_plan():
 def test_a_failing_sample_still_raises_through_the_ring(workers):
     batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, 1)
     failing = StatefulDataLoader(samples(Pixels(), on_bad_sample="raise"), batch_sampler=batches, collate_fn=ring(),
-                                 num_workers=workers, prefetch_factor=2)
-    with pytest.raises(BadSampleError, match="cannot read sample 3: sample 3 is unreadable"):
-        list(failing)
+                                 num_workers=workers, prefetch_factor=2, persistent_workers=True)
+    try:
+        with pytest.raises(BadSampleError, match="cannot read sample 3: sample 3 is unreadable"):
+            list(failing)
+    finally:  # the raise leaves workers mid-epoch: ended here, not by a later test's garbage collection
+        shutdown_workers(failing)

@@ -77,6 +77,7 @@ def test_the_bar_and_the_epoch_line_count_to_max_steps(tiny_dataset, tmp_path):
     assert record["lr"] != pytest.approx(lr_of_step(MAX_STEPS + 1, total_steps))  # not the scheduler's next value
 
 
+@pytest.mark.slow
 def test_progress_lines_in_a_log_count_to_max_steps(tiny_dataset, tmp_path):
     result = run_cli([*short_run(tiny_dataset, tmp_path / "run"), "trainer.progress_every_s=0.001"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

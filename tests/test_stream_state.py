@@ -136,6 +136,7 @@ def test_epoch_batch_sampler_follows_torchdatas_stateful_protocol():
                                        [(1, 8), (1, 9)]]
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_the_stateful_dataloader_state_and_resume_restores_it(tiny_dataset, tmp_path):
     """A mid-epoch checkpoint written by the engine: its loader entry is StatefulDataLoader.state_dict() of the
     training loader; a trainer resuming from it hands that state to its StatefulDataLoader and trains the rest."""

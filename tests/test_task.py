@@ -164,6 +164,7 @@ def test_a_source_is_checked_for_what_its_task_needs():
         check_sources("X", no_classes(), Masks(), Segmentation())
 
 
+@pytest.mark.slow
 def test_segmentation_trains_a_torchvision_model_through_the_step():
     """A real TrainStep over an untrained LR-ASPP: the loss falls on one batch of masks, evaluation gives figures."""
     cfg = compose_config(["task=segmentation", "hardware=cpu", "trainer.precision=fp32", "optimizer.lr=0.05"])

@@ -45,6 +45,7 @@ def test_a_timm_model_under_torchrun_with_the_strong_recipe_from_weights_on_disk
     assert not torch.equal(trained["head.weight"], start.state_dict()["head.weight"])
 
 
+@pytest.mark.slow
 def test_a_name_timm_does_not_know_fails_in_one_line(tiny_dataset, tmp_path):
     result = run_cli(args(tiny_dataset, "model.name=resnet51", f"hydra.run.dir={tmp_path / 'run'}"))
     assert result.returncode == 2

@@ -51,7 +51,7 @@ def test_micro_batches_short_of_an_accumulation_never_reach_the_next_epoch(tiny_
     gradient is dropped at the epoch's end (as a resumed run, which never saw it, would have it)."""
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "data.num_workers=0", "data.persistent_workers=false", "trainer.grad_accum_steps=2",
-                          "trainer.epochs=2", "trainer.progress=false"])
+                          "trainer.epochs=2", "trainer.progress=false", "model._target_=tests.tiny_net.TinyNet"])
     cpu = torch.device("cpu")
     data = data_from_config(cfg, DistEnv(), cpu)
     trainer = Trainer.from_config(cfg, DistEnv(), cpu, data, build_model(cfg.model, data.num_classes, cpu), tmp_path)

@@ -190,6 +190,7 @@ def test_profile_path_default_is_in_the_config_tree():
     assert Path(__file__).resolve().parents[1] / "conf" / "hardware" / "local.yaml" == DEFAULT_PROFILE
 
 
+@pytest.mark.slow
 def test_sweep_in_a_log_is_a_clean_table(tiny_dataset, tmp_path):
     """stderr piped (a log, not a terminal) with the bars on (trainer.progress's default): no bar debris, the
     table's rows, and little else."""

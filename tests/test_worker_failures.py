@@ -20,6 +20,7 @@ from tests.conftest import compose_config, run_cli
 from train.data import data_from_config
 from train.data.loader.plan import STUCK_WORKER_TIMEOUT_S, LoaderPlan
 from train.data.loader.samplers import explain_loader_error
+from train.data.loader.stateful import shutdown_workers
 from train.dist import DistEnv
 from train.errors import LoaderError
 
@@ -49,14 +50,19 @@ class Stalls(Dataset):
 
 
 def first_error(loader) -> BaseException:
-    with pytest.raises(RuntimeError) as err:
-        for _ in loader:
-            pass
+    """The error iterating `loader` raises; its workers are ended here, not by a later test's garbage collection
+    (which waits out DataLoader's join timeout)."""
+    try:
+        with pytest.raises(RuntimeError) as err:
+            for _ in loader:
+                pass
+    finally:
+        shutdown_workers(loader)
     return err.value
 
 
 def test_killed_worker_becomes_an_error_naming_shm_and_memory():
-    error = first_error(StatefulDataLoader(DiesAt(5), batch_size=4, num_workers=2))
+    error = first_error(StatefulDataLoader(DiesAt(5), batch_size=4, num_workers=2, persistent_workers=True))
     explained = explain_loader_error(error)
     assert isinstance(explained, LoaderError)
     assert "shm" in str(explained) and "data.num_workers" in str(explained)
