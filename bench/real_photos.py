@@ -8,7 +8,8 @@ Two stock loaders, both ImageFolder + v2 + DataLoader at the same batch and work
 recipe (the default PIL loader, v2.ToImage -> RandomResizedCrop -> RandomHorizontalFlip; "stock, PIL") and the same
 with torchvision.io's libjpeg-turbo decoder (`loader=decode_image`; "stock, torchvision.io"); the target holds
 against the faster of the two. Also in the same rounds: loadout with data.scaled_decode=false (whole-image decode,
-then the crop), which shows what decoding only the crop's pixels buys.
+then the crop), which shows what decoding only the crop's pixels buys. Where a sample's time goes, stage by stage:
+bench/sample_path.py.
 """
 
 from __future__ import annotations

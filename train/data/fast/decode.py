@@ -48,17 +48,32 @@ def decode_crop(data: bytes, box: tuple[float, float, float, float], out: tuple[
     """The `box` (top, left, height, width, in the stored image's pixels) of an image file resized to `out` (H, W),
     as a whole decode + crop + resize gives it, but a JPEG decoded at the largest DCT reduction that keeps the box
     >= `out` (RandomResizedCrop: a small crop of a large photo needs a fraction of its pixels)."""
-    top, left, height, width = box
-
-    def scale(stored_h: int, stored_w: int) -> int:
-        return next((s for s in SCALES if round(height / s) >= out[0] and round(width / s) >= out[1]), 1)
-
-    image, (stored_h, stored_w) = _decode(data, scale)
-    ratio_h, ratio_w = image.shape[-2] / stored_h, image.shape[-1] / stored_w
-    top, left = round(top * ratio_h), round(left * ratio_w)
-    height, width = max(1, round(height * ratio_h)), max(1, round(width * ratio_w))
-    return F.resize(image[:, top:top + height, left:left + width], list(out), interpolation=interpolation,
+    return F.resize(crop_block(*decode_for_box(data, box, out), box), list(out), interpolation=interpolation,
                     antialias=antialias)
+
+
+def decode_for_box(data: bytes, box: tuple[float, float, float, float],
+                   out: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
+    """(the image decoded at the largest DCT reduction that keeps `box` >= `out`, the stored (H, W))."""
+    height, width = box[2:]
+    return _decode(data, lambda stored_h, stored_w: next(
+        (s for s in SCALES if round(height / s) >= out[0] and round(width / s) >= out[1]), 1))
+
+
+def crop_view(image: torch.Tensor, stored: tuple[int, int], box: tuple[float, float, float, float]) -> torch.Tensor:
+    """`box` (in stored pixels) of `image` (C, H, W; HWC in memory, decoded at a DCT scale of `stored`) as an HWC
+    view of the decoder's rows."""
+    ratio_h, ratio_w = image.shape[-2] / stored[0], image.shape[-1] / stored[1]
+    top, left = round(box[0] * ratio_h), round(box[1] * ratio_w)
+    height, width = max(1, round(box[2] * ratio_h)), max(1, round(box[3] * ratio_w))
+    return image.permute(1, 2, 0)[top:top + height, left:left + width]
+
+
+def crop_block(image: torch.Tensor, stored: tuple[int, int], box: tuple[float, float, float, float]) -> torch.Tensor:
+    """`crop_view` copied into its own HWC block (C, H, W as a view): torchvision's uint8 resize runs its SIMD
+    kernel on a channels-last block as it is, but repacks a strided view pixel by pixel first, which costs more than
+    the copy (bench/sample_path.py)."""
+    return crop_view(image, stored, box).contiguous().permute(2, 0, 1)
 
 
 def _decode(data: bytes, pick_scale) -> tuple[torch.Tensor, tuple[int, int]]:
