@@ -68,7 +68,6 @@ def rank_main(root: str, out_dir: str) -> None:
     destroy_process_group()
 
 
-@pytest.mark.slow
 @pytest.mark.slow  # torchrun, two ranks
 def test_both_ranks_apply_the_same_choice_within_the_epoch_and_after_it(tiny_dataset, tmp_path):
     from tests.test_distributed import torchrun

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,16 +140,20 @@ def test_a_closed_choice_names_its_choices_in_one_line(override, line):
     assert line in str(err.value) and "\n" not in str(err.value)
 
 
-def test_closed_choices_read_and_save_as_plain_text(tmp_path):
-    """An Enum field equals its text, saves as it (an old run's config.yaml holds plain strings) and reaches the
-    trackers and checkpoints as a plain str."""
+def test_closed_choices_read_and_save_as_plain_text():
+    """An Enum field equals its text, saves as it (an old run's config.yaml holds plain strings), reaches the
+    trackers as its text and shows in a one-line error as typed."""
+    from train.errors import shown
+    from train.observe.trackers import flat_params
+
     cfg = compose_config(["data.on_bad_sample=raise", "trainer.compile_mode=reduce-overhead", "data.decode=device"])
     assert cfg.data.on_bad_sample == "raise" and cfg.data.decode == "device" and f"{cfg.data.decode}" == "device"
     assert "compile_mode: reduce-overhead" in OmegaConf.to_yaml(cfg)
-    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    assert type(plain["trainer"]["precision"]) is str
-    torch.save({"decode": plain["data"]["decode"]}, tmp_path / "c.pt")
-    assert torch.load(tmp_path / "c.pt", weights_only=True) == {"decode": "device"}
+    params = flat_params(cfg)
+    assert params["data.decode"] == "device" and params["trainer.compile_mode"] == "reduce-overhead"
+    assert shown(cfg.data.decode) == "'device'"
+    with pytest.raises(ConfigError, match=r"^data.decode='device': "):
+        validate(compose_config(["data.decode=device", "data.device_transforms=false"]))
 
 
 @pytest.mark.parametrize("override, line", [
@@ -165,18 +170,40 @@ def test_a_sharded_datasets_store_settings_fail_before_anything_is_read(override
         ShardSource(**{**spec, "root": str(tmp_path / "none")})
 
 
+def old_run_dir(root: Path, overrides: str, saved_dataset: str) -> Path:
+    """A run dir as runs from before the store knobs moved wrote it: its overrides and its config.yaml."""
+    (root / ".hydra").mkdir(parents=True)
+    (root / ".hydra" / "overrides.yaml").write_text(overrides)
+    (root / ".hydra" / "config.yaml").write_text(
+        "data:\n  shard_cache_dir: /old-cache\n  shard_cache_bytes: 0\n  shuffle_window: null\n  prefetch_shards: 8\n"
+        f"dataset:\n{saved_dataset}")
+    return root
+
+
 def test_the_store_settings_left_data_and_an_old_run_replays_them_under_dataset(tmp_path):
     from train.run.overrides import check_command_line
     from train.run.resume_run import replay
 
-    with pytest.raises(ConfigError, match="^data.shuffle_window: did you mean dataset.shuffle_window"):
-        check_command_line(["dataset=shards", "data.shuffle_window=2"])
-    (tmp_path / ".hydra").mkdir()
-    (tmp_path / ".hydra" / "overrides.yaml").write_text(
-        "- dataset=shards\n- data.shuffle_window=2\n- data.prefetch_shards=0\n- data.shard_cache_dir=/c\n")
-    argv = replay(["trainer.resume=auto"], tmp_path)
-    cfg = check_command_line([o for o in argv if not o.startswith("hydra.")])
+    for dataset in ("shards", "imagefolder"):  # a moved key is named whichever dataset is chosen
+        with pytest.raises(ConfigError, match="^data.shard_cache_dir: did you mean dataset.cache_dir"):
+            check_command_line([f"dataset={dataset}", "data.shard_cache_dir=/c"])
+    shards = old_run_dir(tmp_path / "shards", "- dataset=shards\n- data.shuffle_window=2\n- data.prefetch_shards=0\n"
+                         "- data.shard_cache_dir=/c\n", "  _target_: x\n  cache_dir: ${data.shard_cache_dir}\n"
+                         "  shuffle_window: ${data.shuffle_window}\n  prefetch_shards: 8\n")
+    cfg = check_command_line([o for o in replay(["trainer.resume=auto"], shards) if not o.startswith("hydra.")])
     assert (cfg.dataset.shuffle_window, cfg.dataset.prefetch_shards, cfg.dataset.cache_dir) == (2, 0, "/c")
+    # a folder never read them: they are left out; a mix source's spec that quoted one gets the run's value
+    folder = old_run_dir(tmp_path / "folder", "- data.prefetch_shards=0\n- data.shuffle_window=3\n",
+                         "  _target_: x\n  root: ${data.root}\n")
+    assert replay(["trainer.resume=auto"], folder) == ["trainer.resume=auto", "hydra.output_subdir=null"]
+    mix = old_run_dir(tmp_path / "mix", "- dataset=mix\n- data.shard_cache_dir=/c\n"
+                      "- '+dataset.sources.web={_target_: train.data.datasets.ShardSource, weight: 1, "
+                      "cache_dir: \"${data.shard_cache_dir}\"}'\n", "  _target_: x\n  shuffle_window: null\n")
+    argv = replay(["trainer.resume=auto"], mix)
+    assert argv[:2] == ["dataset=mix", "+dataset.sources.web={_target_: train.data.datasets.ShardSource, weight: 1, "
+                        'cache_dir: "/old-cache"}']
+    cfg = check_command_line([o for o in argv if not o.startswith("hydra.")])
+    assert cfg.dataset.sources.web.cache_dir == "/old-cache"
 
 
 def test_a_sweep_with_a_value_outside_a_choice_fails_in_the_same_line():

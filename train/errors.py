@@ -8,6 +8,7 @@ be written, 75 stopped by a signal (resume to continue).
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 
 CONFIG_EXIT = 2  # bad input: one line naming the key and the fix
@@ -79,7 +80,9 @@ def first_line(err: BaseException, limit: int = 300) -> str:
 
 
 def shown(value) -> str:
-    """A value as it is typed on the command line: null, true, 'text', 2."""
+    """A value as it is typed on the command line: null, true, 'text', 2 (a choice's Enum as its text)."""
+    if isinstance(value, Enum):
+        value = value.value
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
 
 

@@ -17,6 +17,7 @@ from omegaconf.errors import ValidationError
 from train.config import SWAPPABLE_GROUPS, LoadoutConfig, register
 from train.errors import ConfigError
 from train.run.cli_help import CONF, options
+from train.run.resume_run import MOVED_KEYS
 
 # How a schema type reads in an error: `data.batch_size=abc: takes an integer`.
 TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
@@ -49,7 +50,8 @@ def check_command_line(overrides: list[str], config_name: str = "config") -> Dic
             key = match.group(1) or match.group(2)
             groups = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0].lstrip("+~")]
             known = _dotted_keys(OmegaConf.to_container(compose(config_name=config_name, overrides=groups)))
-            raise ConfigError(f"{key}: {_closest(key, known)}") from None
+            moved = f"did you mean {MOVED_KEYS[key]}?" if key in MOVED_KEYS else None
+            raise ConfigError(f"{key}: {moved or _closest(key, known)}") from None
 
 
 def _closest(key: str, known: list[str]) -> str:

@@ -14,6 +14,7 @@ box is checked against what it trained with, not what the interpolation gives th
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +81,15 @@ def replay(argv: list[str], run_dir: Path) -> list[str]:
     whose credentials were masked in `.hydra/` cannot be replayed: it must be given again."""
     given = {key_of(o): o for o in argv}
     regrouped = {key for key in given if "." not in key}  # `dataset=csv` chooses the group's keys afresh
+    saved_config = run_dir / ".hydra" / "config.yaml"
+    saved = OmegaConf.load(saved_config) if saved_config.is_file() else OmegaConf.create()
     merged = []
-    for override in saved_overrides(run_dir):
+    for override in map(partial(_moved_values_inlined, saved), saved_overrides(run_dir)):
         key = key_of(override)
         if key in MOVED_KEYS:  # a run started before the key moved: its value, under the new name
+            section, _, leaf = MOVED_KEYS[key].partition(".")
+            if saved.get(section) is not None and leaf not in saved[section]:
+                continue  # the run's dataset never read it (a folder's data.shuffle_window): nothing to replay
             override, key = override.replace(key, MOVED_KEYS[key], 1), MOVED_KEYS[key]
         mine = given.get(key)
         if "." in key and key.split(".", 1)[0] in regrouped:
@@ -96,6 +102,16 @@ def replay(argv: list[str], run_dir: Path) -> list[str]:
         elif override.startswith("+") and not mine.startswith(("+", "~")):  # a key the run added: still added here
             argv = [f"+{o}" if o is mine else o for o in argv]
     return [*merged, *argv, "hydra.output_subdir=null"]
+
+
+def _moved_values_inlined(saved: DictConfig, override: str) -> str:
+    """`override` with `${data.shard_cache_dir}` (a key that has moved, as an old run's own mix source spec may
+    quote it) replaced by the value the run had, which no config holds under that name now."""
+    for old in MOVED_KEYS:
+        if f"${{{old}}}" in override:
+            value = OmegaConf.select(saved, old, default=None, throw_on_resolution_failure=False)
+            override = override.replace(f"${{{old}}}", "null" if value is None else str(value))
+    return override
 
 
 def check_unchanged(run_dir: Path, cfg: Any) -> None:

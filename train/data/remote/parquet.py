@@ -21,6 +21,7 @@ the stored size); an unreadable mask, or one of another size, is a bad sample (s
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -177,10 +178,12 @@ class ParquetSource:
         return self._read_image_file(path) if data is None else data
 
     def _row_group_copy(self, number: int, row_group: int) -> Path:
-        """The node's copy of a row group's image column of file `number` (read in place), made by the first
-        process or thread to need it: written aside, then renamed into place, so no reader sees a torn file."""
+        """The node's copy of a row group's columns (image, and mask) of file `number` (read in place), made by the
+        first process or thread to need it: written aside, then renamed into place, so no reader sees a torn file.
+        Named by its columns: a copy another run made of other columns is not this one."""
         url = self.urls[number]
-        path = self.store.cached(url, f".rowgroup{row_group}.parquet")
+        columns = hashlib.sha1("\0".join(self.layout.columns).encode()).hexdigest()[:8]  # any name is a file name
+        path = self.store.cached(url, f".rowgroup{row_group}.{columns}.parquet")
         if path.exists():
             return path
         key = (os.getpid(), threading.get_ident(), number)
