@@ -82,6 +82,9 @@ CANNOT = {
     "MINIO_ROOT_PASSWORD=$(openssl rand -hex 16) docker compose --profile storage up -d minio": NEEDS_DOCKER,
     "export AWS_ENDPOINT_URL=http://127.0.0.1:9000 AWS_ACCESS_KEY_ID=loadout AWS_SECRET_ACCESS_KEY=<that password>":
         "a template: <that password> is the reader's",
+    "python -m train task=segmentation dataset=parquet data.root=<root> dataset.mask_column=annotation "
+    "'dataset.classes=[background,circle,square,triangle,cross]'":
+        "a template: <root> is the reader's parquet (tests/test_segmentation_stores.py trains from one)",
     'AWS_ENDPOINT_URL=http://minio:9000 TRAIN_ARGS="dataset=shards data.root=s3://shards/synthetic" docker compose up':
         NEEDS_DOCKER,
 }
