@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import compose_config
+from tests.conftest import compose_config, read_metrics
 from train.data import data_from_config
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.loop import checkpoint
 from train.loop.engine import Trainer
 from train.loop.model import build_model
+from train.observe.meter import EpochCounts
 
 CPU = torch.device("cpu")
 
@@ -36,7 +37,8 @@ def test_a_checkpoint_holds_each_stateful_part_and_the_format(trainer):
     state = checkpoint.load(trainer.checkpoint_path)
     assert state["format"] == checkpoint.FORMAT
     assert set(state) == {"format", "model", "optimizer", "scheduler", "scaler", "micro_batch", "progress", "plan",
-                          "loader", "trackers"}
+                          "loader", "meter", "trackers"}
+    assert state["meter"] is None  # saved at an epoch's start: no counts to carry
     assert state["plan"] == {"epochs": 2, "steps_per_epoch": 15, "world_size": 1, "step_shift": 0}
     trainer.resume(trainer.checkpoint_path)  # and reads back
 
@@ -99,3 +101,51 @@ def test_a_resumed_adamw_keeps_its_step_counters_on_the_cpu_and_its_moments_on_t
     on_meta.load_state_dict(state["optimizer"])
     assert all(s["step"].device == CPU and s["exp_avg"].is_meta and s["exp_avg_sq"].is_meta
                for s in on_meta.state.values())
+
+
+def cut_short(tiny_dataset, run_dir: Path, max_steps: int | None) -> Trainer:
+    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+                          "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=1",
+                          f"trainer.max_steps={max_steps or 'null'}", "trainer.progress=false",
+                          "model._target_=tests.tiny_net.TinyNet", "logger=[]"])
+    data = data_from_config(cfg, DistEnv(), CPU)
+    return Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, 10, CPU), run_dir)
+
+
+def test_a_mid_epoch_checkpoint_keeps_the_epochs_counts_and_one_without_them_resumes_from_zero(tiny_dataset,
+                                                                                              tmp_path):
+    """trainer.max_steps cuts epoch 1 after 3 batches; resumed, its record counts all 15 (240 images). A checkpoint
+    written before the counts were kept still resumes: the record then counts the batches after the resume."""
+    first = cut_short(tiny_dataset, tmp_path / "first", max_steps=3)
+    first.fit()
+    state = checkpoint.load(first.checkpoint_path)
+    assert [(rank["steps"], rank["images"]) for rank in state["meter"]] == [(3, 48)]
+    resumed = cut_short(tiny_dataset, tmp_path / "first", max_steps=None)
+    resumed.resume(first.checkpoint_path)
+    resumed.fit()
+    assert [(r["images"], r["epoch_complete"]) for r in read_metrics(tmp_path / "first")] == [(48, False), (240, True)]
+
+    del state["meter"]
+    old = tmp_path / "old.pt"
+    torch.save(state, old)
+    from_old = cut_short(tiny_dataset, tmp_path / "old", max_steps=None)
+    from_old.resume(old)
+    from_old.fit()
+    assert [r["images"] for r in read_metrics(tmp_path / "old")] == [240 - 48]
+
+
+def test_at_another_process_count_rank_0_carries_the_sums_and_every_rank_the_figures_ranks_share():
+    """Saved by two ranks, resumed by three: the counts that differ by rank are summed once (on rank 0), so the
+    epoch's summary over ranks adds up; steps, optimizer steps and gradient norms are every rank's alike."""
+    saved = [{"images": 32, "steps": 2, "updates": 2, "bad_samples": 1, "decode_fallbacks": 0, "skipped_steps": 0,
+              "loss_sum": 70.5, "grad_norm_sum": 3.25, "lr": 0.1, "source_samples": [20, 12]},
+             {"images": 31, "steps": 2, "updates": 2, "bad_samples": 0, "decode_fallbacks": 1, "skipped_steps": 0,
+              "loss_sum": 69.0, "grad_norm_sum": 3.25, "lr": 0.1, "source_samples": [15, 16]}]
+    shares = [EpochCounts(DistEnv(rank=rank, world_size=3), CPU).share(saved) for rank in range(3)]
+    assert shares[0] == {**saved[0], "images": 63, "bad_samples": 1, "decode_fallbacks": 1, "loss_sum": 139.5,
+                         "source_samples": [35, 28]}
+    for share in shares[1:]:
+        assert (share["images"], share["loss_sum"], share["bad_samples"], share["source_samples"]) == (0, 0, 0, [])
+        assert (share["steps"], share["updates"], share["grad_norm_sum"], share["lr"]) == (2, 2, 3.25, 0.1)
+    same = [EpochCounts(DistEnv(rank=rank, world_size=2), CPU).share(saved) for rank in range(2)]
+    assert same == saved  # at the checkpoint's process count each rank goes on from its own

@@ -38,7 +38,7 @@ from train.loop.step import TrainStep
 from train.loop.stop import StopSignal
 from train.observe.console import Console
 from train.observe.doctor import Doctor, Machine
-from train.observe.meter import EpochMeter, SourceTally, append_jsonl, reduce_over_ranks
+from train.observe.meter import EpochCounts, EpochMeter, SourceTally, append_jsonl, reduce_over_ranks
 from train.observe.metrics import epoch_line
 from train.observe.monitoring import Monitor
 from train.task import Task, build_task
@@ -75,6 +75,7 @@ class Trainer:
         self.console = Console(tc.progress and env.is_main, tc.progress_every_s)  # a bar, or lines in a log
         self.profiler: StepProfiler | None = None  # trainer.profiler: over a window of fit()'s steps
         self.positions = data.positions(env)
+        self.counts = EpochCounts(env, device)  # the epoch's training sums, kept by a mid-epoch checkpoint
         self.metrics_path = run_dir / "metrics.jsonl"
         self.checkpoint_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST
         self.best_path = checkpoint.checkpoint_dir(run_dir) / checkpoint.BEST
@@ -110,7 +111,7 @@ class Trainer:
     def parts(self) -> dict[str, checkpoint.Stateful]:
         tuned = {"autotune": self.autotune} if self.autotune is not None else {}  # before "loader": its workers
         return {**self.step.stateful(), "progress": self.progress, "plan": self.plan, **tuned,
-                "loader": self.positions, "trackers": self.monitor.trackers}
+                "loader": self.positions, "meter": self.counts, "trackers": self.monitor.trackers}
 
     def save(self, best: bool = False) -> None:
         """Called by every rank at the same step; rank 0 writes last.pt (and best.pt when `best`). The barrier
@@ -120,6 +121,7 @@ class Trainer:
             self.agreement.diverge("a non-finite loss or weight")
         self._call("on_save")
         self.positions.gather(mid_epoch=self.progress.batch_in_epoch > 0)
+        self.counts.gather(mid_epoch=self.progress.batch_in_epoch > 0)
         if self.env.is_main:
             checkpoint.save(self.parts(), self.checkpoint_path, keep=self.tc.keep_checkpoints)
             if best:
@@ -181,9 +183,8 @@ class Trainer:
         self.step.ddp.train()
         self.data.set_epoch(self.progress.epoch)
         self.doctor.retarget(self.data.plan.num_workers)  # data.autotune may have changed it
-        meter = EpochMeter(self.device, self.memory, self.source_tally())
+        meter = self.counts.start(EpochMeter(self.device, self.memory, self.source_tally()))
         remaining = self.batches.per_epoch - self.progress.batch_in_epoch
-        skipped_before = self.step.skipped
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
         # remaining == 0: resumed from a checkpoint taken after the epoch's last batch, before its validation
         batches = self.batches.train(self.progress.batch_in_epoch) if remaining > 0 else ()  # no loader started
@@ -194,6 +195,7 @@ class Trainer:
             self.progress.batch_in_epoch += 1
             self._call("on_train_batch", batch)
             # a batch with no readable sample still steps under DDP: every rank joins every gradient all-reduce
+            skipped = self.step.skipped
             try:
                 loss, updated = self.step(batch, where=(self.progress.epoch, self.progress.batch_in_epoch))
             except Diverged as err:
@@ -201,7 +203,8 @@ class Trainer:
             self.progress.step += updated
             # no .item(): the GPU is not synced every step
             meter.stepped(len(batch), loss, batch.bad, batch.decode_fallbacks,
-                          *((self.step.grad_norm, self.step.lr) if updated else (None, None)), indices=batch.indices)
+                          *((self.step.grad_norm, self.step.lr) if updated else (None, None)), indices=batch.indices,
+                          skipped=self.step.skipped - skipped)
             self.monitor.on_step(self.progress.step, meter)
             if self.autotune is not None:  # once within a long first epoch, at this batch boundary
                 self.autotune.during_epoch(self.progress.batch_in_epoch, self.batches.per_epoch, meter, self.doctor)
@@ -217,12 +220,12 @@ class Trainer:
             if self.done():
                 break
         self.step.drop_partial()
-        skipped = self.step.skipped - skipped_before
         self.agreement.settle()  # the last step's question, answered before the epoch's collectives
         summary = meter.summary()
         stages = since(clocks.snapshot(), before) if clocks is not None and not self.tc.overfit_batches else None
-        explained = self.doctor.examine(stages, summary, log_it=self.env.is_main)  # this rank's, before the reduce
-        return {**reduce_over_ranks(summary, self.env, self.device), **explained, "skipped_steps": skipped}
+        # this rank's part timed here, before the reduce
+        explained = self.doctor.examine(stages, {**summary, "images": meter.images}, log_it=self.env.is_main)
+        return {**reduce_over_ranks(summary, self.env, self.device), **explained}
 
     def source_tally(self) -> SourceTally | None:
         """dataset=mix: the samples each source gives this epoch (overfit replays the first epoch's batches)."""

@@ -4,11 +4,16 @@ the summary over ranks that becomes the epoch's record. The names of its figures
 Data wait is host time spent in `next(loader)`: from the end of one step (`stepped`) to the arrival of the next
 batch (`waited`). Steps are not synchronized with the device (a sync per step would stall the GPU it measures);
 an epoch's elapsed time ends after one device sync in `summary()`, so queued kernels are counted once.
+
+A mid-epoch checkpoint keeps the epoch's counts (`EpochCounts`), so a resumed epoch's record sums and averages its
+per-batch figures over the whole epoch as an uninterrupted run's does; its timings (images/s, data wait, first batch,
+epoch_s, memory) cover only the part this process ran.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +49,8 @@ class SourceTally:
 class EpochMeter:
     """Times one epoch (or a window of it). Call `waited` when a batch arrives and `stepped` when its step is
     queued; `restart` after a warm-up drops what came before from the figures. `memory` (a MemorySampler, sampling
-    on its own thread) gives the epoch's peak PSS; without it the meter only times."""
+    on its own thread) gives the epoch's peak PSS; without it the meter only times. Its fields count what this
+    meter saw; `counts()` adds what a resumed epoch did before its checkpoint (`resume_from`)."""
 
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     memory: MemorySampler | None = None
@@ -57,10 +63,12 @@ class EpochMeter:
     bad_samples: int = 0
     decode_fallbacks: int = 0
     updates: int = 0  # optimizer steps
+    skipped_steps: int = 0  # optimizer steps skipped (non-finite gradients)
     lr: float | None = None  # the last optimizer step's
     _loss_sum: torch.Tensor | float = 0.0  # kept on the loss's device: no sync per step
     _grad_norm_sum: torch.Tensor | float = 0.0  # likewise
     _mark: float = 0.0
+    _carried: dict = field(default_factory=dict)  # the counts of the epoch before a resume
 
     def __post_init__(self) -> None:
         self._mark = self.start
@@ -76,9 +84,9 @@ class EpochMeter:
 
     def stepped(self, batch_size: int, loss: torch.Tensor | float = 0.0, bad: int = 0, fallbacks: int = 0,
                 grad_norm: torch.Tensor | None = None, lr: float | None = None,
-                indices: torch.Tensor | None = None) -> None:
-        """A batch's step was queued; `grad_norm` and `lr` when the optimizer stepped; `indices` (on the host):
-        its samples, counted by source for a mix."""
+                indices: torch.Tensor | None = None, skipped: int = 0) -> None:
+        """A batch's step was queued; `grad_norm` and `lr` when the optimizer stepped, `skipped` when it skipped a
+        non-finite update; `indices` (on the host): its samples, counted by source for a mix."""
         if self.sources is not None:
             self.sources.add(indices)
         if grad_norm is not None:
@@ -91,6 +99,7 @@ class EpochMeter:
         self._loss_sum = self._loss_sum + loss * batch_size
         self.bad_samples += bad
         self.decode_fallbacks += fallbacks
+        self.skipped_steps += skipped
         self._mark = time.perf_counter()
 
     def restart(self) -> None:
@@ -99,20 +108,37 @@ class EpochMeter:
             torch.cuda.synchronize(self.device)
         self.start = self._mark = time.perf_counter()
         self.data_wait_s, self.images, self.steps, self._loss_sum = 0.0, 0, 0, 0.0
-        self.updates, self._grad_norm_sum = 0, 0.0
-        self.bad_samples = self.decode_fallbacks = 0
+        self.updates, self._grad_norm_sum, self._carried = 0, 0.0, {}
+        self.bad_samples = self.decode_fallbacks = self.skipped_steps = 0
         if self.sources is not None:
             self.sources.clear()
 
     @property
     def loss_sum(self) -> float:
         """Sum of loss x batch size so far (reading it waits for the device)."""
-        return float(self._loss_sum)
+        return float(self._loss_sum) - self._carried.get("loss_sum", 0.0)
 
     @property
     def grad_norm_sum(self) -> float:
         """Sum of the optimizer steps' gradient norms so far (reading it waits for the device)."""
-        return float(self._grad_norm_sum)
+        return float(self._grad_norm_sum) - self._carried.get("grad_norm_sum", 0.0)
+
+    def counts(self) -> dict:
+        """The epoch's additive figures so far, with those before a resume: what a mid-epoch checkpoint keeps
+        (reading them waits for the device)."""
+        carried = self._carried
+        return {**{key: getattr(self, key) + carried.get(key, 0) for key in COUNTED},
+                "loss_sum": float(self._loss_sum), "grad_norm_sum": float(self._grad_norm_sum),
+                "lr": self.lr if self.lr is not None else carried.get("lr"),
+                "source_samples": self.sources.counts.tolist() if self.sources is not None else []}
+
+    def resume_from(self, counts: dict) -> None:
+        """Go on from `counts` (`counts()` at a checkpoint within this epoch). The loss and gradient-norm sums go
+        on from the saved ones, adding in the uninterrupted run's order: the same float sums, to the last bit."""
+        self._carried = {key: value for key, value in counts.items() if key != "source_samples"}
+        self._loss_sum, self._grad_norm_sum = counts["loss_sum"], counts["grad_norm_sum"]
+        if self.sources is not None and len(counts["source_samples"]) == len(self.sources.names):
+            self.sources.counts += np.asarray(counts["source_samples"], dtype=np.int64)
 
     def summary(self) -> dict:
         if self.device.type == "cuda":
@@ -125,23 +151,27 @@ class EpochMeter:
             util = self.memory.take_gpu_util() if self.memory is not None else None
             if util is not None:
                 gpu["gpu_util"] = util / 100
+        whole = self.counts()
         return {
-            "train_loss": self.loss_sum / max(self.images, 1),
-            "images_per_s": self.images / elapsed if elapsed > 0 else 0.0,
+            "train_loss": whole["loss_sum"] / max(whole["images"], 1),
+            "images_per_s": self.images / elapsed if elapsed > 0 else 0.0,  # this process's part: timed here
             "data_wait_frac": self.data_wait_s / elapsed if elapsed > 0 else 0.0,
             "first_batch_s": self.first_batch_s if self.first_batch_s is not None else float("nan"),
             "epoch_s": elapsed,
             "peak_pss_mb": self.memory.take_peak() / MIB if self.memory is not None else float("nan"),
-            "bad_samples": self.bad_samples,
-            **({"lr": self.lr} if self.lr is not None else {}),
-            **({"grad_norm": self.grad_norm_sum / self.updates} if self.updates else {}),
-            "decode_fallbacks": self.decode_fallbacks,
-            "images": self.images,
+            "bad_samples": whole["bad_samples"],
+            **({"lr": whole["lr"]} if whole["lr"] is not None else {}),
+            **({"grad_norm": whole["grad_norm_sum"] / whole["updates"]} if whole["updates"] else {}),
+            "decode_fallbacks": whole["decode_fallbacks"],
+            "skipped_steps": whole["skipped_steps"],
+            "images": whole["images"],
             **({"source_samples": self.sources.figures()} if self.sources is not None else {}),
             **gpu,
         }
 
 
+COUNTED = ("images", "steps", "updates", "bad_samples", "decode_fallbacks", "skipped_steps")  # EpochMeter.counts()
+RANKS_OWN = ("images", "bad_samples", "decode_fallbacks", "loss_sum")  # counts()' that differ by rank (and sources)
 SUMMED = ("images", "images_per_s", "bad_samples", "decode_fallbacks")  # over ranks: the total
 SLOWEST = ("data_wait_frac", "first_batch_s", "epoch_s", "peak_pss_mb", "gpu_peak_mb", "gpu_reserved_mb")  # the max
 
@@ -165,6 +195,55 @@ def reduce_over_ranks(stats: dict, env: DistEnv, device: torch.device) -> dict:
         stats["source_samples"] = {name: int(total) for name, total in zip(sources, totals[len(SUMMED):], strict=True)}
     stats.update(zip(slowest, maxima.tolist(), strict=True))
     return stats
+
+
+class EpochCounts:
+    """The counts of the epoch in progress (`EpochMeter.counts`), a Stateful part of a mid-epoch checkpoint. `gather`
+    (every rank, at the same step, in a save) collects every rank's in one collective; `start` hands them to the
+    resumed epoch's meter: each rank its own at the checkpoint's process count, else rank 0 the sums over the saved
+    ranks and every rank the figures all ranks share (steps, optimizer steps, gradient norms, lr), so the epoch's
+    summary over ranks (`reduce_over_ranks`) is the whole epoch's at any process count."""
+
+    def __init__(self, env: DistEnv, device: torch.device):
+        self.env, self.device = env, device
+        self.meter: EpochMeter | None = None  # the epoch in progress
+        self.saved: list[dict] | None = None  # by rank
+        self.resumed: list[dict] | None = None
+
+    def start(self, meter: EpochMeter) -> EpochMeter:
+        """`meter` for the epoch in progress, going on from the checkpoint resumed within this epoch, if any."""
+        self.meter, resumed, self.resumed = meter, self.resumed, None
+        if resumed:
+            meter.resume_from(self.share(resumed))
+        return meter
+
+    def share(self, ranks: list[dict]) -> dict:
+        """This rank's part of the saved ranks' counts."""
+        if len(ranks) == self.env.world_size:
+            return ranks[self.env.rank]
+        if not self.env.is_main:
+            return {**ranks[0], **dict.fromkeys(RANKS_OWN, 0), "source_samples": []}
+        sources = np.sum([rank["source_samples"] for rank in ranks], axis=0, dtype=np.int64).tolist()
+        return {**ranks[0], **{key: sum(rank[key] for rank in ranks) for key in RANKS_OWN}, "source_samples": sources}
+
+    def gather(self, mid_epoch: bool) -> None:
+        """Collective: every rank calls it with the same `mid_epoch` (at an epoch's end there is nothing to keep)."""
+        if not mid_epoch or self.meter is None:
+            self.saved = None
+            return
+        counts, keys = self.meter.counts(), (*COUNTED, "loss_sum", "grad_norm_sum", "lr")
+        row = [*(math.nan if counts[key] is None else counts[key] for key in keys), *counts["source_samples"]]
+        self.saved = []
+        for values in gather_rows(row, self.device).tolist():  # float64: exact for the counts and float32 sums
+            rank = {key: int(value) if key in COUNTED else value for key, value in zip(keys, values, strict=False)}
+            rank["lr"] = None if math.isnan(rank["lr"]) else rank["lr"]
+            self.saved.append({**rank, "source_samples": [int(value) for value in values[len(keys):]]})
+
+    def state_dict(self) -> list[dict] | None:
+        return self.saved
+
+    def load_state_dict(self, state: list[dict] | None) -> None:
+        self.resumed = state
 
 
 def append_jsonl(path: Path, record: dict) -> None:
