@@ -154,3 +154,27 @@ def test_at_the_cores_share_a_deeper_prefetch_only_where_the_workers_keep_the_pa
     assert decide(barely, at_cap, cap=2, pressure=None, extra_bytes=1) is None
     too_slow = Finding("decode", "workers", wait_frac=0.6, worker_s=0.02, step_s=0.004)  # 5 workers would keep pace
     assert decide(too_slow, at_cap, cap=2, pressure=None, extra_bytes=1) is None  # a restart for nothing
+
+
+def test_a_change_that_made_samples_slower_is_undone_and_the_plan_stays(tiny_dataset, tmp_path, caplog):
+    """The diagnosis asks for a worker; the next epoch on it is measured slower a sample: back to no workers, and a
+    later epoch's same diagnosis changes nothing (a resume keeps that)."""
+    from train.data.loader.autotune import Autotune
+
+    caplog.set_level(logging.INFO, logger="train.data.loader.autotune")
+    _, data = trainer(tiny_dataset, tmp_path)
+    with data:
+        tuner = Autotune(data, DistEnv(), cores=4)
+        starved = Finding("decode", "workers", wait_frac=0.8, worker_s=0.004, step_s=0.001, sample_s=0.005)
+        assert tuner.after_epoch(starved).num_workers >= 1 and data.plan.num_workers >= 1
+        undone = tuner.after_epoch(replace(starved, sample_s=0.008))
+        assert (undone.num_workers, data.plan.num_workers) == (0, 0) and "undone" in undone.why
+        assert tuner.after_epoch(starved) is None and data.plan.num_workers == 0
+        again = Autotune(data, DistEnv(), cores=4)
+        again.load_state_dict(tuner.state_dict())
+        assert again.after_epoch(starved) is None
+        kept = Autotune(data, DistEnv(), cores=4)  # a change as fast as before stays, and the tuning goes on
+        assert kept.after_epoch(starved).num_workers >= 1
+        kept.after_epoch(replace(starved, sample_s=0.0051))
+        assert not kept.settled and data.plan.num_workers >= 1
+    assert any("undone" in record.getMessage() for record in caplog.records)

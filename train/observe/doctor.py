@@ -187,6 +187,7 @@ class Finding:
     wait_frac: float
     worker_s: float  # seconds a sample spends in the worker stages, over all of them
     step_s: float  # the loop's compute a sample
+    sample_s: float = 0.0  # the loop's time a sample, waiting included: the pace autotune compares plans by
 
 
 class Doctor:
@@ -210,7 +211,7 @@ class Doctor:
     def _finding(self, times: dict[str, float], wait_frac: float) -> Finding:
         feeders_s = feeders(times, self.machine)
         return Finding(diagnose(times, wait_frac, self.machine)[0], max(feeders_s, key=feeders_s.get), wait_frac,
-                       sum(times[name] for name in WORKER_STAGES), times["compute"])
+                       sum(times[name] for name in WORKER_STAGES), times["compute"], times["wait"] + times["compute"])
 
     def examine(self, stages: dict[str, float] | None, record: dict, log_it: bool = True) -> dict:
         """The epoch's stage shares and bound (into the record), logged as a table and one line; {} when nothing

@@ -8,6 +8,9 @@ the workers, so it goes straight to the target. With the workers at that share, 
 workers keep the step's pace on average and the loop still waited long (over twice WAITS: jitter a deeper queue
 absorbs, worth a restart); a loader slower than the step on average gains nothing from it. A compute-bound stretch,
 or one the loader keeps up with, changes nothing. When RAM or /dev/shm nears its limit it takes a worker away.
+A change is a guess from the diagnosis: the next full stretch on the new plan is measured, and if its samples took
+longer than those before the change (by SLOWER), the plan goes back and stays (workers that cost the main process more
+in hand-offs than they save it in decoding, on a box whose cores the step already fills).
 
 Within the first epoch this process trains, if it is long enough for a restart to pay off, the loop calls
 `during_epoch` after each batch: it measures batches WARMUP..WARMUP+WINDOW (after the start-up) and decides once, at a
@@ -41,6 +44,7 @@ MIN_PREFETCH = 2  # batches per worker when workers are added: one in the main p
 RESERVE = 0.10  # back off when RAM or /dev/shm has less than this share free
 WARMUP, WINDOW = 4, 16  # within an epoch: batches skipped (the start-up), then batches measured
 LONG = 4  # within an epoch only when at least this many windows' batches follow the measured ones
+SLOWER = 1.05  # a change whose plan takes this much longer a sample than the one before it is undone
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ class Autotune:
         self._mark: Mark | None = None
         self._within_done = False  # the one within-epoch decision made (or not wanted)
         self._changed_within = False  # this epoch's figures mix two plans: no decision at its end
+        self._before: tuple[int, int, float] | None = None  # the last change's plan before it, and its pace
+        self.settled = False  # a change was undone: the plan stays (but for memory pressure)
 
     def after_epoch(self, finding: Finding | None) -> Change | None:
         """Collective under DDP: every rank calls it after the same epoch and applies the same change."""
@@ -128,6 +134,14 @@ class Autotune:
         if self._changed_within:
             self._changed_within = False
             return None
+        if self._before is not None and finding is not None:
+            workers, prefetch, before_s = self._before
+            self._before = None
+            if any_rank(int(finding.sample_s > SLOWER * before_s)):  # the ranks undo it together
+                self.settled = True
+                why = f"{1e3 * finding.sample_s:.2f} ms a sample, {1e3 * before_s:.2f} before the change: undone"
+                self.apply(workers, prefetch, why)
+                return Change(workers, prefetch, why)
         return self._agree(finding)
 
     def during_epoch(self, batch_in_epoch: int, per_epoch: int, meter, doctor: Doctor) -> Change | None:
@@ -165,14 +179,16 @@ class Autotune:
 
     def _agree(self, finding: Finding | None) -> Change | None:
         """This rank's choice from `finding`, the smallest over the ranks (one all-reduce each), applied."""
-        plan = self.data.plan
-        change = decide(finding, plan, self.cap, memory_pressure(), worker_bytes(self.sampler))
+        plan, pressure = self.data.plan, memory_pressure()
+        change = decide(None if self.settled else finding, plan, self.cap, pressure, worker_bytes(self.sampler))
         workers, prefetch = (change.num_workers, change.prefetch_factor) if change else \
             (plan.num_workers, plan.prefetch_factor)
         workers, prefetch = -any_rank(-workers), -any_rank(-prefetch)  # the smallest over the ranks
         if (workers, prefetch) == (plan.num_workers, plan.prefetch_factor):
             return None
         why = change.why if change is not None else "another rank's choice"
+        if pressure is None and finding is not None:  # a guess, measured on the next stretch
+            self._before = (plan.num_workers, plan.prefetch_factor, finding.sample_s)
         self.apply(workers, prefetch, why)
         return Change(workers, prefetch, why)
 
@@ -189,11 +205,13 @@ class Autotune:
             clocks.hand_over(self.data.train.stages)
 
     def state_dict(self) -> dict:
-        return {"num_workers": self.data.plan.num_workers, "prefetch_factor": self.data.plan.prefetch_factor}
+        return {"num_workers": self.data.plan.num_workers, "prefetch_factor": self.data.plan.prefetch_factor,
+                "settled": self.settled}
 
     def load_state_dict(self, state: dict) -> None:
         """The checkpoint's choice, within this machine's cores."""
         workers = min(int(state["num_workers"]), max(self.cap, self.data.plan.num_workers))
         prefetch = int(state["prefetch_factor"])
+        self.settled = bool(state.get("settled", False))  # a checkpoint from before undoing existed: not settled
         if (workers, prefetch) != (self.data.plan.num_workers, self.data.plan.prefetch_factor):
             self.apply(workers, prefetch, "the checkpoint's choice")
