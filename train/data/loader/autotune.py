@@ -134,10 +134,11 @@ class Autotune:
         if self._changed_within:
             self._changed_within = False
             return None
-        if self._before is not None and finding is not None:
+        if self._before is not None:  # the same on every rank: each joins the one all-reduce
             workers, prefetch, before_s = self._before
             self._before = None
-            if any_rank(int(finding.sample_s > SLOWER * before_s)):  # the ranks undo it together
+            slower = finding is not None and finding.sample_s > SLOWER * before_s
+            if any_rank(int(slower)):  # the ranks undo it together
                 self.settled = True
                 why = f"{1e3 * finding.sample_s:.2f} ms a sample, {1e3 * before_s:.2f} before the change: undone"
                 self.apply(workers, prefetch, why)
