@@ -167,6 +167,9 @@ def test_a_change_that_made_samples_slower_is_undone_and_the_plan_stays(tiny_dat
         tuner = Autotune(data, DistEnv(), cores=4)
         starved = Finding("decode", "workers", wait_frac=0.8, worker_s=0.004, step_s=0.001, sample_s=0.005)
         assert tuner.after_epoch(starved).num_workers >= 1 and data.plan.num_workers >= 1
+        resumed = Autotune(data, DistEnv(), cores=4)  # a checkpoint between the change and its measurement
+        resumed.load_state_dict(tuner.state_dict())
+        tuner = resumed
         undone = tuner.after_epoch(replace(starved, sample_s=0.008))
         assert (undone.num_workers, data.plan.num_workers) == (0, 0) and "undone" in undone.why
         assert tuner.after_epoch(starved) is None and data.plan.num_workers == 0

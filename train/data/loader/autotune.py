@@ -140,7 +140,8 @@ class Autotune:
             slower = finding is not None and finding.sample_s > SLOWER * before_s
             if any_rank(int(slower)):  # the ranks undo it together
                 self.settled = True
-                why = f"{1e3 * finding.sample_s:.2f} ms a sample, {1e3 * before_s:.2f} before the change: undone"
+                why = (f"{1e3 * finding.sample_s:.2f} ms a sample, {1e3 * before_s:.2f} before the change: undone"
+                       if slower else "another rank measured the change slower: undone")
                 self.apply(workers, prefetch, why)
                 return Change(workers, prefetch, why)
         return self._agree(finding)
@@ -188,8 +189,8 @@ class Autotune:
         if (workers, prefetch) == (plan.num_workers, plan.prefetch_factor):
             return None
         why = change.why if change is not None else "another rank's choice"
-        if pressure is None and finding is not None:  # a guess, measured on the next stretch
-            self._before = (plan.num_workers, plan.prefetch_factor, finding.sample_s)
+        if not any_rank(int(pressure is not None)):  # a guess (not a memory back-off), measured on the next stretch
+            self._before = (plan.num_workers, plan.prefetch_factor, finding.sample_s if finding else math.inf)
         self.apply(workers, prefetch, why)
         return Change(workers, prefetch, why)
 
@@ -207,12 +208,14 @@ class Autotune:
 
     def state_dict(self) -> dict:
         return {"num_workers": self.data.plan.num_workers, "prefetch_factor": self.data.plan.prefetch_factor,
-                "settled": self.settled}
+                "settled": self.settled, "before": list(self._before) if self._before is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         """The checkpoint's choice, within this machine's cores."""
         workers = min(int(state["num_workers"]), max(self.cap, self.data.plan.num_workers))
         prefetch = int(state["prefetch_factor"])
         self.settled = bool(state.get("settled", False))  # a checkpoint from before undoing existed: not settled
+        before = state.get("before")  # a change not yet measured: measured after the resume
+        self._before = (int(before[0]), int(before[1]), float(before[2])) if before else None
         if (workers, prefetch) != (self.data.plan.num_workers, self.data.plan.prefetch_factor):
             self.apply(workers, prefetch, "the checkpoint's choice")
