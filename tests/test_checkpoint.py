@@ -14,7 +14,7 @@ from train.errors import ConfigError
 from train.loop import checkpoint
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.observe.meter import EpochCounts
+from train.observe.epoch_counts import EpochCounts
 
 CPU = torch.device("cpu")
 

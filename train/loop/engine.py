@@ -1,6 +1,6 @@
 """The epoch loop: train steps (train/loop/step.py), evaluation (evaluate.py), checkpoints (last.pt, and best.pt by
 the task's best figure), the ranks' agreement on stopping (agreement.py), one metrics row an epoch;
-trainer.mode=validate evaluates a checkpoint instead.
+trainer.mode=validate evaluates a checkpoint instead (validate.py).
 
 Callbacks (the `callbacks:` config group, `_target_` classes) see the run from outside: each may define
 `on_train_batch(trainer, batch)`, `on_save(trainer)` (every rank, before the checkpoint is written) and
@@ -36,9 +36,11 @@ from train.loop.progress import Plan, Progress
 from train.loop.resume import restore
 from train.loop.step import TrainStep
 from train.loop.stop import StopSignal
+from train.loop.validate import validate_checkpoint
 from train.observe.console import Console
 from train.observe.doctor import Doctor, Machine
-from train.observe.meter import EpochCounts, EpochMeter, SourceTally, append_jsonl, reduce_over_ranks
+from train.observe.epoch_counts import EpochCounts
+from train.observe.meter import EpochMeter, SourceTally, append_jsonl, reduce_over_ranks
 from train.observe.metrics import epoch_line
 from train.observe.monitoring import Monitor
 from train.task import Task, build_task
@@ -236,17 +238,8 @@ class Trainer:
         return SourceTally(names, partial(self.data.parts_of, epoch))
 
     def validate(self, path: Path) -> dict:
-        """trainer.mode=validate: the checkpoint's weights on the val split; one metrics row."""
-        state = checkpoint.load(path)
-        checkpoint.load_model(self.step.model, state, path, self.model_name)
-        record = {"mode": "validate", "checkpoint": str(path), "epoch": state["progress"]["epoch"],
-                  **self.evaluate()}
-        if self.env.is_main:
-            append_jsonl(self.metrics_path, record)
-            figure = self.step.task.best[0]
-            log.info("validate %s: val_loss %.4f  %s %.3f on %d samples", path, record["val_loss"], figure,
-                     record[figure], record["val_samples"])
-        return record
+        """trainer.mode=validate: the checkpoint's weights on the val split; one metrics row (validate.py)."""
+        return validate_checkpoint(self, path)
 
     def evaluate(self) -> dict:
         batches = self._batches(self.batches.val(), EpochMeter(self.device), "val", self.batches.val_batches)

@@ -5,7 +5,7 @@ Data wait is host time spent in `next(loader)`: from the end of one step (`stepp
 batch (`waited`). Steps are not synchronized with the device (a sync per step would stall the GPU it measures);
 an epoch's elapsed time ends after one device sync in `summary()`, so queued kernels are counted once.
 
-A mid-epoch checkpoint keeps the epoch's counts (`EpochCounts`), so a resumed epoch's record sums and averages its
+A mid-epoch checkpoint keeps the epoch's counts (epoch_counts.py), so a resumed epoch's record sums and averages its
 per-batch figures over the whole epoch as an uninterrupted run's does; its timings (images/s, data wait, first batch,
 epoch_s, memory) cover only the part this process ran.
 """
@@ -13,7 +13,6 @@ epoch_s, memory) cover only the part this process ran.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -171,7 +170,6 @@ class EpochMeter:
 
 
 COUNTED = ("images", "steps", "updates", "bad_samples", "decode_fallbacks", "skipped_steps")  # EpochMeter.counts()
-RANKS_OWN = ("images", "bad_samples", "decode_fallbacks", "loss_sum")  # counts()' that differ by rank (and sources)
 SUMMED = ("images", "images_per_s", "bad_samples", "decode_fallbacks")  # over ranks: the total
 SLOWEST = ("data_wait_frac", "first_batch_s", "epoch_s", "peak_pss_mb", "gpu_peak_mb", "gpu_reserved_mb")  # the max
 
@@ -195,55 +193,6 @@ def reduce_over_ranks(stats: dict, env: DistEnv, device: torch.device) -> dict:
         stats["source_samples"] = {name: int(total) for name, total in zip(sources, totals[len(SUMMED):], strict=True)}
     stats.update(zip(slowest, maxima.tolist(), strict=True))
     return stats
-
-
-class EpochCounts:
-    """The counts of the epoch in progress (`EpochMeter.counts`), a Stateful part of a mid-epoch checkpoint. `gather`
-    (every rank, at the same step, in a save) collects every rank's in one collective; `start` hands them to the
-    resumed epoch's meter: each rank its own at the checkpoint's process count, else rank 0 the sums over the saved
-    ranks and every rank the figures all ranks share (steps, optimizer steps, gradient norms, lr), so the epoch's
-    summary over ranks (`reduce_over_ranks`) is the whole epoch's at any process count."""
-
-    def __init__(self, env: DistEnv, device: torch.device):
-        self.env, self.device = env, device
-        self.meter: EpochMeter | None = None  # the epoch in progress
-        self.saved: list[dict] | None = None  # by rank
-        self.resumed: list[dict] | None = None
-
-    def start(self, meter: EpochMeter) -> EpochMeter:
-        """`meter` for the epoch in progress, going on from the checkpoint resumed within this epoch, if any."""
-        self.meter, resumed, self.resumed = meter, self.resumed, None
-        if resumed:
-            meter.resume_from(self.share(resumed))
-        return meter
-
-    def share(self, ranks: list[dict]) -> dict:
-        """This rank's part of the saved ranks' counts."""
-        if len(ranks) == self.env.world_size:
-            return ranks[self.env.rank]
-        if not self.env.is_main:
-            return {**ranks[0], **dict.fromkeys(RANKS_OWN, 0), "source_samples": []}
-        sources = np.sum([rank["source_samples"] for rank in ranks], axis=0, dtype=np.int64).tolist()
-        return {**ranks[0], **{key: sum(rank[key] for rank in ranks) for key in RANKS_OWN}, "source_samples": sources}
-
-    def gather(self, mid_epoch: bool) -> None:
-        """Collective: every rank calls it with the same `mid_epoch` (at an epoch's end there is nothing to keep)."""
-        if not mid_epoch or self.meter is None:
-            self.saved = None
-            return
-        counts, keys = self.meter.counts(), (*COUNTED, "loss_sum", "grad_norm_sum", "lr")
-        row = [*(math.nan if counts[key] is None else counts[key] for key in keys), *counts["source_samples"]]
-        self.saved = []
-        for values in gather_rows(row, self.device).tolist():  # float64: exact for the counts and float32 sums
-            rank = {key: int(value) if key in COUNTED else value for key, value in zip(keys, values, strict=False)}
-            rank["lr"] = None if math.isnan(rank["lr"]) else rank["lr"]
-            self.saved.append({**rank, "source_samples": [int(value) for value in values[len(keys):]]})
-
-    def state_dict(self) -> list[dict] | None:
-        return self.saved
-
-    def load_state_dict(self, state: list[dict] | None) -> None:
-        self.resumed = state
 
 
 def append_jsonl(path: Path, record: dict) -> None:

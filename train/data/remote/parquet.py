@@ -35,8 +35,8 @@ import torch
 from train.data.fast.decode import UNREADABLE, decode_image_file
 from train.data.masks import decode_mask
 from train.data.remote.parquet_rows import Layout, check_labels, image_of
-from train.data.remote.shard_store import ShardError, ShardStore, is_remote
-from train.data.remote.shards import SamplePaths, check_store_knobs
+from train.data.remote.shard_store import ShardError, ShardStore, check_store_knobs, is_remote
+from train.data.remote.shards import SamplePaths
 from train.errors import ConfigError
 
 SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid", "test")}

@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from train.errors import bad_value
+
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 4  # shards shuffled together when they look like random draws (or nothing is known of their labels)
@@ -54,6 +56,12 @@ class LabelSpread(NamedTuple):
         if self.mixed:
             return DEFAULT_WINDOW
         return max(DEFAULT_WINDOW, math.ceil(CLASS_SHARDS * self.classes / self.per_shard))
+
+
+def check_window(window: int | None) -> None:
+    """dataset.shuffle_window, checked before anything is read: one line naming the key and the fix."""
+    if window is not None and window < 1:
+        bad_value("dataset.shuffle_window", window, "use an integer >= 1, or null to size it from the shards' labels")
 
 
 def label_spread(distinct: Sequence[int], lengths: Sequence[int], classes: int) -> LabelSpread | None:

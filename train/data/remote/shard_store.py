@@ -31,7 +31,8 @@ from pathlib import Path
 import fsspec
 
 from train.data.remote.shard_download import download
-from train.errors import ConfigError, first_line
+from train.data.remote.shard_order import check_window
+from train.errors import ConfigError, bad_value, first_line
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,15 @@ RETRIES = 3  # a failed or stalled download is tried this many times, with back-
 COOL_DOWN_S = 30.0  # after a store stopped answering, its downloads fail at once for this long
 DEFAULT_TIMEOUT_S = 600.0  # data.timeout=null: the DataLoader's own stuck-worker limit (plan.py)
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "loadout" / "shards"
+
+
+def check_store_knobs(cache_bytes: int, shuffle_window: int | None, prefetch_shards: int | None) -> None:
+    """A sharded source's store settings (conf/dataset/shards.yaml, parquet.yaml), checked before anything is
+    fetched: one line naming the key and the fix. prefetch_shards=None: the loader's default (samplers.py)."""
+    for key, value in (("cache_bytes", cache_bytes), ("prefetch_shards", prefetch_shards)):
+        if (value or 0) < 0:
+            bad_value(f"dataset.{key}", value, "use an integer >= 0 (0: off)")
+    check_window(shuffle_window)
 
 
 def is_remote(url: str) -> bool:

@@ -37,9 +37,9 @@ from train.data.fast.decode import UNREADABLE, decode_image_file
 from train.data.masks import decode_mask
 from train.data.remote.shard_listing import check_present, list_shards
 from train.data.remote.shard_order import LabelSpread, label_spread, spread_of_labels
-from train.data.remote.shard_store import ShardError, ShardStore, is_remote
+from train.data.remote.shard_store import ShardError, ShardStore, check_store_knobs, is_remote
 from train.data.remote.tar_index import INDEX_KEYS, TarIndexer, holds_masks, index_file
-from train.errors import ConfigError, bad_value
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -230,20 +230,6 @@ class ShardSource:
                 if len(parts[-1]) != size:
                     raise OSError(f"shard {url} ends inside sample {position} (truncated)")
         return parts, int(members["labels"][position])
-
-
-def check_store_knobs(cache_bytes: int, shuffle_window: int | None, prefetch_shards: int | None) -> None:
-    """A sharded source's store settings (conf/dataset/shards.yaml, parquet.yaml), checked before anything is
-    fetched: one line naming the key and the fix. prefetch_shards=None: the loader's default (samplers.py)."""
-    for key, value in (("cache_bytes", cache_bytes), ("prefetch_shards", prefetch_shards)):
-        if (value or 0) < 0:
-            bad_value(f"dataset.{key}", value, "use an integer >= 0 (0: off)")
-    check_window(shuffle_window)
-
-
-def check_window(window: int | None) -> None:
-    if window is not None and window < 1:
-        bad_value("dataset.shuffle_window", window, "use an integer >= 1, or null to size it from the shards' labels")
 
 
 class SamplePaths:
