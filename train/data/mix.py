@@ -15,6 +15,10 @@ epochs before any repeats (without replacement), and one drawn more repeats whol
 across passes). data.shuffle=false: every pass in stored order, interleaved evenly.
 
 Classes are the union of the sources' class names (mix_sources.py builds and checks the sources); labels map by name.
+Masks (task=segmentation) pass through as their source gives them: their values are class indices, so every source
+of masks must name the same classes in the same order, and none may have a transform of its own (it would move the
+image without its mask); each is said in one line naming the source when its first mask is read (check_sources reads
+each source's first sample through `read_part`, before any worker starts).
 Validation reads every source's val split whole, one after another. A source whose read fails is named in the error
 (`dataset.sources.<name>`).
 """
@@ -29,10 +33,10 @@ import numpy as np
 import torch
 
 from train.data.fast.decode import UNREADABLE
+from train.data.masks import as_mask
 from train.data.mix_sources import build_parts, pass_window
-from train.data.remote.shard_order import window_order
+from train.data.remote.shard_order import check_window, window_order
 from train.data.remote.shard_store import ShardError
-from train.data.remote.shards import check_window
 from train.data.seeds import MIX, mixed_seed
 from train.data.source import as_uint8_tensor, sample_name
 from train.errors import ConfigError, first_line
@@ -64,6 +68,7 @@ class MixSource:
         self.lengths = np.array([len(source) for source in self.sources], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
         self.paths = MixPaths(self)
+        self._mask_parts: set[int] = set()  # the sources whose masks `_check_masks` let through
         if split != "train":  # validation: every source's split whole, in turn
             self.counts, self.length = self.lengths, int(self.offsets[-1])
             return
@@ -152,13 +157,18 @@ class MixSource:
             return rng.permutation(n)
         return window_order(starts, self.windows[part], rng)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        part, sample = self.locate(index)
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor | int]:
+        return self.read_part(*self.locate(index))
+
+    def read_part(self, part: int, sample: int) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """Sample `sample` of source `part` as the mix gives it: the image through the source's own transform and
+        the label mapped onto `classes`, or the image and its mask as they are (`_check_masks`). check_sources
+        reads each source's first sample through this, so a source the task cannot train on is named."""
         source, name = self.sources[part], self.names[part]
         if hasattr(source, "set_epoch"):
             source.set_epoch(self.epoch)
         try:
-            image, label = source[sample][:2]
+            image, target = source[sample][:2]
         except ShardError as err:  # the shard's samples are logged once (samples.py): keep what names it
             raise ShardError(f"dataset.sources.{name}: {err}", err.about) from err
         except UNREADABLE as err:
@@ -166,9 +176,28 @@ class MixSource:
         except Exception as err:
             err.add_note(f"reading dataset.sources.{name}, {sample_name(source, sample)}")
             raise
-        image = as_uint8_tensor(image)
+        image, mask = as_uint8_tensor(image), as_mask(target)
+        if mask is not None:
+            if part not in self._mask_parts:
+                self._check_masks(part)
+            return image, mask
         transform = self.transforms[part]
-        return (image if transform is None else transform(image)), int(self.label_maps[part][int(label)])
+        return (image if transform is None else transform(image)), int(self.label_maps[part][int(target)])
+
+    def _check_masks(self, part: int) -> None:
+        """A source of masks: no transform of its own (it would move the image alone), and the classes of the
+        first source of masks read (a mask's values are class indices, which a mix cannot map by name)."""
+        name, own = self.names[part], [str(c) for c in self.sources[part].classes]
+        if self.transforms[part] is not None:
+            raise ConfigError(f"dataset.sources.{name}.transform: its samples carry masks, and a source's own "
+                              "transform changes the image alone: drop it (augment= moves images and masks together)")
+        first = next(iter(self._mask_parts), None)  # they all agree: any one stands for them
+        if first is not None and own != (theirs := [str(c) for c in self.sources[first].classes]):
+            raise ConfigError(f"dataset.sources.{name}: its classes {short(own)} are not dataset.sources."
+                              f"{self.names[first]}'s {short(theirs)}: masks hold class indices, so every source of "
+                              "masks must name the same classes in the same order (a VOC folder's classes.txt, the "
+                              "shards' _info.json, dataset.classes for parquet)")
+        self._mask_parts.add(part)
 
 
 class MixPaths:
@@ -180,6 +209,11 @@ class MixPaths:
     def __getitem__(self, index: int) -> str:
         part, sample = self.mix.locate(int(index))
         return f"dataset.sources.{self.mix.names[part]}: {sample_name(self.mix.sources[part], sample)}"
+
+
+def short(names: list[str], most: int = 6) -> str:
+    """A class list for a one-line error: its first `most` names and how many in all."""
+    return f"[{', '.join(names[:most])}{', ...' if len(names) > most else ''}] ({len(names)})"
 
 
 def shares(total: int, weights: np.ndarray) -> np.ndarray:

@@ -23,6 +23,8 @@ A source is a map-style dataset built from the `dataset:` config group with `spl
                              sampler only splits it over ranks, in contiguous parts
                 parts        names of the sources a mix draws from, with part_of(epoch, indices) -> each index's
                              part: metrics.jsonl counts the samples each part gave an epoch (mix.py)
+                read_part    (part, sample) -> that part's sample as the mix gives it (with parts): the first
+                             sample of each part is checked for the task, and an error names the part
 
 Everything else a run gives every source alike (samples.py): the per-sample seeds, the sample cache, the transform,
 bad samples skipped, stuck reads named.
@@ -31,6 +33,7 @@ bad samples skipped, stuck reads named.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -109,10 +112,16 @@ def check_sources(target: str, train: Source, val: Source, task) -> None:
     for name in task.source_needs:
         if list(getattr(train, name)) != list(getattr(val, name)):
             raise ConfigError(f"dataset._target_={target}: train and val have different {name}")
-    try:
-        image, label = train[0][:2]
-        as_uint8_tensor(image)
-        task.check_target(label)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"dataset._target_={target}: dataset[0] must be (image, {task.target_name}) with a PIL image "
-                          f"or a uint8 CHW tensor and {task.target_doc} ({err})") from err
+    read_part = getattr(train, "read_part", None)  # a mix (mix.py): each of its sources' first sample, by name
+    firsts = [(f"dataset.sources.{name}", partial(read_part, part, 0)) for part, name in enumerate(train.parts)] \
+        if read_part else [(f"dataset._target_={target}", partial(train.__getitem__, 0))]
+    for key, first in firsts:
+        try:
+            image, label = first()[:2]
+            as_uint8_tensor(image)
+            task.check_target(label)
+        except ConfigError:  # the source's own one line (a mix's sources that cannot go together)
+            raise
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{key}: dataset[0] must be (image, {task.target_name}) with a PIL image or a uint8 CHW "
+                              f"tensor and {task.target_doc} ({err})") from err

@@ -38,7 +38,8 @@ class Segmentation(Task):
 
     def check_target(self, target: Any) -> None:
         if as_mask(target) is None:  # ValueError for a mask of the wrong kind
-            raise TypeError(f"got {type(target).__name__}, not a mask")
+            raise TypeError(f"got {type(target).__name__}, not a mask: train on a source of masks (dataset=voc, "
+                            "shards with .png members, parquet with dataset.mask_column, a packed VOC folder)")
 
     def num_outputs(self, source) -> int:
         self.num_classes = super().num_outputs(source)
