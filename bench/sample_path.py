@@ -2,16 +2,18 @@
 """Where one sample's CPU time goes between its file and the uint8 batch, stage by stage (issue 36, item 3): the
 read, the crop's box drawn from the header, the decode at the chosen DCT scale, the crop, the resize, each of the
 pipeline's later steps (the flip), the stack into a shared-memory ring slot, and the main process's copy out of it.
-Two sets: real photos (scripts/make_photos.py) under augment=imagenet at 224 px (RandomResizedCrop, crop-aware
-decode) and the default path (data/synthetic, augment=crop_flip at 64 px: decode, Resize, RandomCrop, flip).
+Three sets: real photos (scripts/make_photos.py) under augment=imagenet at 224 px (RandomResizedCrop, crop-aware
+decode), the same with data.scaled_decode=false (decoded whole, then the pipeline's RandomResizedCrop) and the default
+path (data/synthetic, augment=crop_flip at 64 px: decode, Resize, RandomCrop, flip).
 
 One process, one thread, the real functions of loadout's path (decode.py, samples.py, batch.py, ring.py) called
 one stage at a time, each sample seeded as a worker seeds it. Times are this thread's CPU time (`thread_time`), so
 other jobs on a shared machine slow them less than wall time; each stage's figure is its best of ROUNDS passes.
 "Whole path" is `Samples.__getitems__` + the ring on the same batches (the stages plus seeding and bookkeeping).
-On the photos, three ways to crop + resize the same decodes are timed in turn: the old one (a strided view of the
-decoder's rows handed to torchvision), the new one (the rows copied into their own block first: same pixels), and
-Pillow's `resize(box=)` on the decoded array (the other resizer loadout already depends on).
+On the photos, on both paths, three ways to crop + resize the same decodes with the same boxes are timed in turn: v2's
+own (F.resized_crop: a strided view of the decoder's rows handed to torchvision), loadout's (decode.crop_resize: the
+rows copied into their own block first, same pixels), and Pillow's `resize(box=)` on the decoded array (the other
+resizer loadout already depends on).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import numpy as np
 import torch
 from common import DATA, ROOT, machine, pipeline
 from PIL import Image
+from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from train.data.fast.decode import crop_block, crop_view, decode_for_box, decode_image_file
+from train.data.fast.decode import crop_block, crop_resize, decode_for_box, decode_image_file, decoded_box
 from train.data.loader.batch import channels_innermost, stack_images
 from train.data.loader.ring import ShmRing
 from train.data.samples import Samples
@@ -35,7 +38,10 @@ from train.data.seeds import sample_seeds
 
 REAL_DATA = Path(os.environ.get("REAL_DATA", ROOT / "data" / "photos-500"))
 BATCH, BATCHES, ROUNDS = 64, 6, 3
-SETS = {"photos-500, augment=imagenet, 224 px": (REAL_DATA, ("augment=imagenet", "data.image_size=224")),
+IMAGENET = ("dataset=imagefolder", "augment=imagenet", "data.image_size=224")
+SETS = {"photos-500, augment=imagenet, 224 px": (REAL_DATA, IMAGENET),
+        "the same, data.scaled_decode=false (decoded whole, then RandomResizedCrop)":
+        (REAL_DATA, (*IMAGENET, "data.scaled_decode=false")),
         "synthetic, augment=crop_flip, 64 px (the default)": (DATA, ())}
 
 
@@ -73,7 +79,7 @@ def one_sample(samples: Samples, index: int, seed: int, names: list[str], laps: 
         laps.lap("crop box from the header")
         image, stored = decode_for_box(data, box, tuple(first.crop.size))
         laps.lap("decode")
-        block = crop_block(image, stored, box)
+        block = crop_block(image, decoded_box(image, stored, box))  # decode.crop_resize, one stage at a time
         laps.lap("crop (rows copied into a block)")
         image, steps = F.resize(block, list(first.crop.size), interpolation=first.crop.interpolation,
                                 antialias=first.crop.antialias), first.rest
@@ -84,39 +90,48 @@ def one_sample(samples: Samples, index: int, seed: int, names: list[str], laps: 
     return image
 
 
+def resized_crop(samples: Samples):
+    """The pipeline's RandomResizedCrop where it runs on the CPU (crop-aware decode or after a whole decode), else
+    None."""
+    first = samples.crop_first.crop if samples.crop_first is not None else samples.transform.transforms[0]
+    return first if type(first) is v2.RandomResizedCrop else None
+
+
 def crop_resize_ways(samples: Samples, index: int) -> tuple[list[int], list[torch.Tensor]]:
-    """CPU ns of each way in WAYS to crop + resize one sample's decode, and their outputs."""
-    first = samples.crop_first
+    """CPU ns of each way in WAYS to crop + resize one sample's decode (as its path decodes it, with its box), and
+    their outputs."""
+    crop = resized_crop(samples)
     torch.default_generator.manual_seed(seeds(samples, range(index, index + 1))[0])
     data, _ = samples.source.read_encoded(index)
-    box = samples.stored_box(data)
-    image, stored = decode_for_box(data, box, tuple(first.crop.size))
-    size, how = list(first.crop.size), dict(interpolation=first.crop.interpolation, antialias=first.crop.antialias)
+    if samples.crop_first is not None:
+        stored_box = samples.stored_box(data)
+        image, stored = decode_for_box(data, stored_box, tuple(crop.size))
+        box = decoded_box(image, stored, stored_box)
+    else:
+        image = decode_image_file(data, samples.source.min_side)
+        params = crop.make_params([image])
+        box = (params["top"], params["left"], params["height"], params["width"])
+    size, how = list(crop.size), dict(interpolation=crop.interpolation, antialias=crop.antialias)
     times, outputs = [], []
     for way in WAYS.values():
         start = time.thread_time_ns()
-        outputs.append(way(image, stored, box, size, how))
+        outputs.append(way(image, box, size, how))
         times.append(time.thread_time_ns() - start)
     return times, outputs
 
 
-def pillow_resize(image, stored, box, size, how) -> torch.Tensor:
-    """Pillow's resize of the box (its `box=` argument, in the decoded image's pixels), bilinear with its own
-    antialiasing; back to a tensor HWC in memory."""
-    view = crop_view(image, stored, box)  # where decode_crop cuts: its rows and columns in the decoded image
-    top, left = divmod(view.storage_offset() - image.storage_offset(), image.stride(1))
-    left //= image.shape[0]
+def pillow_resize(image, box, size, how) -> torch.Tensor:
+    """Pillow's resize of the box (its `box=` argument), bilinear with its own antialiasing; back to a tensor HWC in
+    memory."""
+    top, left, height, width = box
     picture = Image.fromarray(image.permute(1, 2, 0).numpy())
-    out = picture.resize(size[::-1], Image.Resampling.BILINEAR, box=(left, top, left + view.shape[1],
-                                                                     top + view.shape[0]))
+    out = picture.resize(size[::-1], Image.Resampling.BILINEAR, box=(left, top, left + width, top + height))
     return torch.from_numpy(np.array(out)).permute(2, 0, 1)
 
 
-WAYS = {  # crop + resize, the old way first
-    "strided view + torchvision": lambda image, stored, box, size, how: F.resize(
-        crop_view(image, stored, box).permute(2, 0, 1), size, **how),
-    "block copy + torchvision": lambda image, stored, box, size, how: F.resize(
-        crop_block(image, stored, box), size, **how),
+WAYS = {  # crop + resize, v2's own first (F.resized_crop: a strided view of the decoder's rows, then the resize)
+    "strided view + torchvision (v2)": lambda image, box, size, how: F.resized_crop(image, *box, size, **how),
+    "block copy + torchvision": lambda image, box, size, how: crop_resize(image, box, size, **how),
     "Pillow resize(box=)": pillow_resize,
 }
 
@@ -172,7 +187,7 @@ def measure(title: str, root: Path, overrides: tuple[str, ...]) -> None:
         print(f"  {'sum of the stages':42s} {total / count / 1e3:7.1f} us  ({count * 1e9 / total:.0f} img/s a core)")
         print(f"  {'whole path (Samples + ring)':42s} {whole / count / 1e3:7.1f} us  ({count * 1e9 / whole:.0f} img/s "
               f"a core)")
-        if samples.crop_first is not None:
+        if resized_crop(samples) is not None:
             runs = [crop_resize_ways(samples, index) for index in range(count) for _ in range(ROUNDS)]
             best_ns = [min(sum(run[0][k] for run in runs[r::ROUNDS]) for r in range(ROUNDS)) for k in range(len(WAYS))]
             equal = all(torch.equal(view, block) for _, (view, block, _) in runs)
@@ -185,5 +200,5 @@ def measure(title: str, root: Path, overrides: tuple[str, ...]) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)  # as a worker runs
     for title, (root, overrides) in SETS.items():
-        measure(title, root, ("dataset=imagefolder", *overrides) if root == REAL_DATA else overrides)
+        measure(title, root, overrides)
     print(f"  {machine()}", flush=True)

@@ -135,3 +135,25 @@ def test_split_keeps_the_steps_after_the_crop():
     recipe = Recipe(crop="resized", auto_augment="trivial")
     split = ResizedCropFirst.of(recipe.train_transform(DataCfg()))
     assert split is not None and len(split.rest) == 2  # flip, then TrivialAugmentWide
+
+
+def test_whole_decode_resized_crop_gives_v2s_draws_and_pixels(folder):
+    """data.scaled_decode=false (decoded whole): the pipeline's RandomResizedCrop crops + resizes as the crop-aware
+    decode does (decode.crop_resize, the box's rows copied into a block), the same pixels and draws as a plain v2
+    crop + resize, on the decoder's HWC rows and on CHW-contiguous or float images alike."""
+    sample_set = samples(folder, min_side=None)
+    assert sample_set.crop_first is None
+    plain = v2.Compose(list(sample_set.transform.transforms))  # v2's own steps: F.resized_crop on a strided crop
+    decoded = [decode_image_file(sample_set.source.read_encoded(i)[0]) for i in range(len(sample_set))]
+    images = [*decoded, decoded[0].contiguous(), torch.randint(0, 256, (1, 300, 400), dtype=torch.uint8),
+              decoded[1].float() / 255]
+    for seed, image in enumerate(images):
+        torch.manual_seed(seed)
+        expected, next_draw = plain(image), torch.rand(1)
+        torch.manual_seed(seed)
+        assert torch.equal(sample_set.transform(image), expected) and torch.equal(torch.rand(1), next_draw), seed
+    for index in range(len(sample_set)):  # and through Samples, as a worker runs it
+        image, _, _ = sample_set.__getitems__([(2, index)])[0]
+        seed = int(sample_seeds(7, np.array([2]), np.array([index]))[0] >> np.uint64(1))
+        torch.default_generator.manual_seed(seed)
+        assert torch.equal(image, plain(decoded[index])), index

@@ -7,11 +7,12 @@ run here in the workers. Inputs that are already square at the resize size (the 
 cache) skip the Resize step: `fit_square` is the one place that makes them.
 
 The pipelines are `DirectCompose`s: a v2.Compose whose single-tensor path calls each step's own `make_params` and
-`transform` directly (RandomCrop and RandomHorizontalFlip: v2's own draws, then a slice or a flip), the same RNG
-draws and pixels as v2 without its per-call input flattening, checks and dispatch. A source that crops whole
-batches (`read_crops`, the packed format) gets RandomCrop + RandomHorizontalFlip as a `CropFlipPlan` instead: the
-boxes drawn from each sample's 64-bit seed, vectorised. A pipeline that starts with RandomResizedCrop is split by
-`ResizedCropFirst` so that samples.py decodes the crop alone (decode.decode_crop).
+`transform` directly (RandomCrop, RandomResizedCrop and RandomHorizontalFlip: v2's own draws, then a slice, the
+crop-aware decode's crop + resize or a flip), the same RNG draws and pixels as v2 without its per-call input
+flattening, checks and dispatch. A source that crops whole batches (`read_crops`, the packed format) gets RandomCrop +
+RandomHorizontalFlip as a `CropFlipPlan` instead: the boxes drawn from each sample's 64-bit seed, vectorised.
+A pipeline that starts with RandomResizedCrop is split by `ResizedCropFirst` so that samples.py decodes the crop alone
+(decode.decode_crop).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from train.data.fast.decode import crop_resize
 from train.data.geometry import BATCHABLE, Geometry, check_crop, flip_threshold, random_crop_offsets
 
 # The forward v2's random-apply transforms share (flips, grayscale, solarize, ...): a coin with p, then the transform.
@@ -38,6 +40,8 @@ def _direct(step: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
     (a RandomApply transform's coin first, then `make_params`); any other callable is called as it is."""
     if type(step) is v2.RandomCrop and step.padding is None and not step.pad_if_needed:
         return _random_crop(*step.size)
+    if type(step) is v2.RandomResizedCrop:
+        return _resized_crop(step)
     if type(step) is v2.RandomHorizontalFlip:
         threshold = flip_threshold(step.p)
         return lambda image: image if torch.rand(1).item() >= threshold else image.flip(-1)
@@ -64,6 +68,19 @@ def _random_crop(height: int, width: int) -> Callable[[torch.Tensor], torch.Tens
         top, left = random_crop_offsets(image_h, image_w, height, width)
         return image[..., top:top + height, left:left + width]
     return crop
+
+
+def _resized_crop(step: v2.RandomResizedCrop) -> Callable[[torch.Tensor], torch.Tensor]:
+    """v2.RandomResizedCrop: its draws (`make_params`), then for a uint8 (C, H, W) image the crop + resize of the
+    crop-aware decode (decode.crop_resize: the same pixels, faster than v2's resize of a strided crop); v2's own for
+    anything else."""
+    def resized_crop(image: torch.Tensor) -> torch.Tensor:
+        params = step.make_params([image])
+        if image.dtype != torch.uint8 or image.dim() != 3:
+            return step.transform(image, params)
+        box = params["top"], params["left"], params["height"], params["width"]
+        return crop_resize(image, box, step.size, step.interpolation, step.antialias)
+    return resized_crop
 
 
 class DirectCompose(v2.Compose):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import simplejpeg
@@ -48,8 +49,8 @@ def decode_crop(data: bytes, box: tuple[float, float, float, float], out: tuple[
     """The `box` (top, left, height, width, in the stored image's pixels) of an image file resized to `out` (H, W),
     as a whole decode + crop + resize gives it, but a JPEG decoded at the largest DCT reduction that keeps the box
     >= `out` (RandomResizedCrop: a small crop of a large photo needs a fraction of its pixels)."""
-    return F.resize(crop_block(*decode_for_box(data, box, out), box), list(out), interpolation=interpolation,
-                    antialias=antialias)
+    image, stored = decode_for_box(data, box, out)
+    return crop_resize(image, decoded_box(image, stored, box), out, interpolation, antialias)
 
 
 def decode_for_box(data: bytes, box: tuple[float, float, float, float],
@@ -60,20 +61,27 @@ def decode_for_box(data: bytes, box: tuple[float, float, float, float],
         (s for s in SCALES if round(height / s) >= out[0] and round(width / s) >= out[1]), 1))
 
 
-def crop_view(image: torch.Tensor, stored: tuple[int, int], box: tuple[float, float, float, float]) -> torch.Tensor:
-    """`box` (in stored pixels) of `image` (C, H, W; HWC in memory, decoded at a DCT scale of `stored`) as an HWC
-    view of the decoder's rows."""
+def decoded_box(image: torch.Tensor, stored: tuple[int, int],
+                box: tuple[float, float, float, float]) -> tuple[int, int, int, int]:
+    """`box` (in stored pixels) in the pixels of `image` (C, H, W), decoded at a DCT scale of `stored`."""
     ratio_h, ratio_w = image.shape[-2] / stored[0], image.shape[-1] / stored[1]
-    top, left = round(box[0] * ratio_h), round(box[1] * ratio_w)
-    height, width = max(1, round(box[2] * ratio_h)), max(1, round(box[3] * ratio_w))
-    return image.permute(1, 2, 0)[top:top + height, left:left + width]
+    return (round(box[0] * ratio_h), round(box[1] * ratio_w), max(1, round(box[2] * ratio_h)),
+            max(1, round(box[3] * ratio_w)))
 
 
-def crop_block(image: torch.Tensor, stored: tuple[int, int], box: tuple[float, float, float, float]) -> torch.Tensor:
-    """`crop_view` copied into its own HWC block (C, H, W as a view): torchvision's uint8 resize runs its SIMD
-    kernel on a channels-last block as it is, but repacks a strided view pixel by pixel first, which costs more than
-    the copy (bench/sample_path.py)."""
-    return crop_view(image, stored, box).contiguous().permute(2, 0, 1)
+def crop_block(image: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:
+    """`box` (top, left, height, width) of `image` (C, H, W) copied into its own HWC block (C, H, W as a view):
+    torchvision's uint8 resize runs its SIMD kernel on a channels-last block as it is, but repacks a strided view
+    (or a CHW one) pixel by pixel first, which costs more than the copy (bench/sample_path.py)."""
+    top, left, height, width = box
+    return image.permute(1, 2, 0)[top:top + height, left:left + width].contiguous().permute(2, 0, 1)
+
+
+def crop_resize(image: torch.Tensor, box: tuple[int, int, int, int], out: Sequence[int],
+                interpolation=F.InterpolationMode.BILINEAR, antialias: bool = True) -> torch.Tensor:
+    """F.resized_crop(image, *box, out, ...) for a uint8 (C, H, W) image, the same pixels, through `crop_block`:
+    the crop-aware decode and the whole-decode RandomResizedCrop (transforms.py) both crop + resize here."""
+    return F.resize(crop_block(image, box), list(out), interpolation=interpolation, antialias=antialias)
 
 
 def _decode(data: bytes, pick_scale) -> tuple[torch.Tensor, tuple[int, int]]:
