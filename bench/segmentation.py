@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Segmentation's loader over classification's, images/s at the same image size (target >= 0.8): data only.
 
-Both read the same JPEGs (the embedded VOC-layout set, data/synthetic-voc: 80 px) through loadout's Samples path
-and a DataLoader with its shared-memory ring and data.num_workers workers, to data.image_size (64). Classification
-takes each image with a label through its default recipe (augment=crop_flip: Resize -> RandomCrop -> flip);
-segmentation takes the image and its PNG mask through augment=segmentation (scale -> crop as ScaledCrop -> flip,
-one draw for both). The difference is the mask: its PNG decode, its geometry, its bytes through the hand-over.
+Both read the same JPEGs (the embedded VOC-layout set, data/synthetic-voc: 80 px), each file by voc.read_file,
+through loadout's Samples path and a DataLoader with its shared-memory ring and data.num_workers workers, to
+data.image_size (64). Classification takes each image with a label through its default recipe (augment=crop_flip:
+Resize -> RandomCrop -> flip); segmentation takes the image and its PNG mask through augment=segmentation (scale ->
+crop as ScaledCrop -> flip, one draw for both). The difference is the mask: its file read, its PNG decode, its
+geometry, its bytes through the hand-over.
 The second line gives the CPU time per image of all the loader's processes (its workers' and the main one's), whose
 ratio a machine shared with other jobs shifts far less than the images/s; the third each stage's cost per sample
 in one thread's CPU time: where the ratio goes.
@@ -30,7 +31,7 @@ from train.data.loader.ring import build_collate
 from train.data.masks import decode_mask
 from train.data.samples import Samples
 from train.data.seg_augment import SegmentationRecipe, joint
-from train.data.voc import VOCSegmentation
+from train.data.voc import VOCSegmentation, read_file
 
 VOC_DATA = Path(os.environ.get("VOC_DATA", ROOT / "data" / "synthetic-voc"))
 WORKERS, BATCH, EPOCHS = 2, 64, 8
@@ -49,9 +50,8 @@ class ImagesOnly:
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, index: int):
-        with open(self.source.paths[index].decode(), "rb") as f:
-            return decode_image_file(f.read()), 0
+    def __getitem__(self, index: int):  # read as VOCSegmentation reads its image: the mask is the difference
+        return decode_image_file(read_file(self.source.paths[index].decode())), 0
 
 
 def loader(source, transform) -> DataLoader:
@@ -88,14 +88,16 @@ def cpu_us(work: Callable[[int], object], count: int) -> float:
 
 
 def stage_costs(voc: VOCSegmentation, classify, segment, count: int = 200) -> str:
-    """Per sample, one thread: the decodes and each recipe's transform."""
+    """Per sample, one thread: the mask's file read, the decodes and each recipe's transform."""
+    mask_paths = [voc.mask_paths[i].decode() for i in range(count)]
     images = [Path(voc.paths[i].decode()).read_bytes() for i in range(count)]
-    masks = [Path(voc.mask_paths[i].decode()).read_bytes() for i in range(count)]
+    masks = [read_file(path) for path in mask_paths]
     decoded = [decode_image_file(data) for data in images]
     decoded_masks = [decode_mask(data) for data in masks]
     pair = joint(segment)  # as Samples calls it
     torch.set_num_threads(1)
-    costs = {"image decode": cpu_us(lambda i: decode_image_file(images[i]), count),
+    costs = {"mask read": cpu_us(lambda i: read_file(mask_paths[i]), count),
+             "image decode": cpu_us(lambda i: decode_image_file(images[i]), count),
              "mask decode": cpu_us(lambda i: decode_mask(masks[i]), count),
              "classification transform": cpu_us(lambda i: classify(decoded[i]), count),
              "segmentation transform (image + mask)": cpu_us(lambda i: pair(decoded[i], decoded_masks[i]), count)}

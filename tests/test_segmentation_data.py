@@ -4,6 +4,7 @@ one geometric draw, are a function of (seed, epoch, index), bad ones are skipped
 
 from __future__ import annotations
 
+import io
 import logging
 import subprocess
 import sys
@@ -158,13 +159,16 @@ def stock_step(step):
 
 
 def test_resize_exact_is_v2s_nearest_exact_pixel_for_pixel():
-    """Masks over 256 px (both bytes of the index probe), up- and downscaled, from a strided window."""
+    """Masks over 256 px (both bytes of the index probe), up- and downscaled, from a strided window (sliced, or
+    given as the box of the whole mask)."""
     mask = torch.randint(0, 256, (600, 300), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     for height, width in [(1, 1), (7, 300), (600, 13), (333, 64)]:
-        window = mask[5:5 + height, :width] if height < 600 else mask[:, :width]
+        top = 5 if height < 600 else 0
+        window = mask[top:top + height, :width]
         for size in ([64, 64], [1, 5], [601, 97], [129, 450]):
             expected = F.resize_mask(window, size, interpolation=F.InterpolationMode.NEAREST_EXACT)
             assert torch.equal(resize_exact(window, size), expected)
+            assert torch.equal(resize_exact(mask, size, (top, 0, height, width)), expected)
 
 
 @pytest.mark.parametrize("kind", ["P", "P+transparency", "P 4-bit", "P 1-bit", "L"])
@@ -182,6 +186,21 @@ def test_a_mask_png_decodes_to_its_indices_whatever_its_palette_and_bit_depth(tm
     assert np.array(Image.open(tmp_path / "mask.png")).tolist() == indices.tolist()  # the file holds the indices
     mask = decode_mask((tmp_path / "mask.png").read_bytes())
     assert mask.dtype == torch.uint8 and mask.shape == (24, 40) and mask.tolist() == indices.tolist()
+
+
+def test_a_damaged_mask_png_is_an_error_naming_it_never_a_dead_process():
+    """A flipped byte in the pixel data (where torchvision's decode_png, libpng, would kill the process) or a file cut
+    short: a ValueError the loader counts as a bad sample."""
+    indices = np.random.default_rng(1).integers(0, 256, (20, 33)).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(indices, "L").save(buffer, format="PNG")  # 8-bit: the libpng path
+    data = buffer.getvalue()
+    assert decode_mask(data).tolist() == indices.tolist()
+    at = data.index(b"IDAT") + 8
+    for damaged, named in ((data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:], "its IDAT chunk's CRC"),
+                           (data[:len(data) // 2], "")):
+        with pytest.raises(ValueError, match=f"a damaged PNG: {named}"):
+            decode_mask(damaged)
 
 
 def test_scaled_crop_takes_the_windows_of_scale_then_crop():
@@ -211,13 +230,17 @@ def test_a_broken_mask_and_a_mask_of_another_size_are_skipped_and_counted(voc, c
     (voc / "SegmentationClass" / "s002.png").write_bytes(b"not a png")
     Image.fromarray(np.zeros((24, 24), dtype=np.uint8), "L").save(voc / "SegmentationClass" / "s005.png")
     (voc / "SegmentationClass" / "s007.png").unlink()
+    damaged = voc / "SegmentationClass" / "s009.png"  # a flipped byte in its pixels (libpng would kill the process)
+    data = damaged.read_bytes()
+    at = data.index(b"IDAT") + 8
+    damaged.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:])
     samples = Samples(VOCSegmentation(voc), SegmentationRecipe().train_transform(DataCfg()), seed=0)
     with caplog.at_level(logging.WARNING):
         batches = list(loader(samples, [(0, i) for i in range(12)], workers=0))
-    assert sum(batch.bad for batch in batches) == 3
-    assert sum(len(batch) for batch in batches) == 9
+    assert sum(batch.bad for batch in batches) == 4
+    assert sum(len(batch) for batch in batches) == 8
     logged = caplog.text
-    assert "s002.png" in logged and "s007.png" in logged
+    assert "s002.png" in logged and "s007.png" in logged and "s009.png: a damaged PNG" in logged
     assert "s005.jpg" in logged and "24x24" in logged and "48x80" in logged
 
 

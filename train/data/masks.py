@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import zlib
 
 import numpy as np
 import torch
@@ -29,17 +30,36 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def decode_mask(data: bytes) -> torch.Tensor:
-    """A PNG mask's bytes as a uint8 (H, W) class map; ValueError for a mode that holds no class indices (RGB).
-    An 8-bit palette or grayscale PNG (IHDR bit depth 8, colour type 3 or 0) goes through libpng; 1-4-bit indices
-    (which decode_png stretches to 0-255) and anything else through PIL."""
+    """A PNG mask's bytes as a uint8 (H, W) class map; ValueError for a mode that holds no class indices (RGB) and
+    for a damaged file. An 8-bit palette or grayscale PNG (IHDR bit depth 8, colour type 3 or 0) goes through libpng
+    once its chunks' CRCs hold (`check_crcs`); 1-4-bit indices (which decode_png stretches to 0-255) and anything else
+    through PIL."""
     if decode_png is not None and len(data) > 25 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
             and data[24] == 8 and data[25] in (0, 3):
+        check_crcs(data)
         return decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8))[0]
     with Image.open(io.BytesIO(data), formats=("PNG",)) as image:  # PNG alone: probing formats costs more than it
         if image.mode not in MASK_MODES:
             raise ValueError(f"a mask must be a palette (P) or grayscale (L) PNG of class indices, not mode "
                              f"{image.mode}")
         return torch.from_numpy(np.array(image, dtype=np.uint8))
+
+
+def check_crcs(data: bytes) -> None:
+    """ValueError unless every chunk of a PNG, up to IEND, has the CRC it was written with. torchvision 0.29's
+    decode_png kills the process (a segfault inside libpng's error path) on damaged pixel data, where a worker should
+    skip the sample; the format's own CRCs catch a damaged or cut-short file first, at ~2 us a mask. A file written
+    damaged with valid CRCs can still crash its worker: the loader then fails the run in one line, never hangs."""
+    pos = len(PNG_SIGNATURE)
+    while pos + 12 <= len(data):
+        length, kind = int.from_bytes(data[pos:pos + 4], "big"), data[pos + 4:pos + 8]
+        end = pos + 8 + length
+        if end + 4 > len(data) or zlib.crc32(data[pos + 4:end]) != int.from_bytes(data[end:end + 4], "big"):
+            raise ValueError(f"a damaged PNG: its {kind.decode('latin-1')} chunk's CRC does not match its data")
+        if kind == b"IEND":
+            return
+        pos = end + 4
+    raise ValueError("a damaged PNG: it ends before its IEND chunk")
 
 
 def as_mask(target) -> torch.Tensor | None:
@@ -81,8 +101,13 @@ def fit_mask_square(mask: torch.Tensor, size: int) -> torch.Tensor:
     return F.center_crop(scaled[None], [size, size])[0].contiguous()
 
 
-def resize_exact(mask: torch.Tensor, size: list[int]) -> torch.Tensor:
-    """v2's NEAREST_EXACT resize of an (H, W) mask to `size` (H, W), pixel for pixel, as two numpy takes of cached
-    indices: ~5x faster than the interpolate kernel on one channel (tests/test_segmentation_data.py checks both)."""
-    rows, cols = _exact_sources(mask.shape[0], size[0]), _exact_sources(mask.shape[1], size[1])
-    return torch.from_numpy(mask.numpy().take(rows, axis=0).take(cols, axis=1))
+def resize_exact(mask: torch.Tensor, size: list[int], box: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """v2's NEAREST_EXACT resize of an (H, W) mask, or of its window `box` (top, left, height, width), to `size`
+    (H, W), pixel for pixel, as two numpy takes of cached indices: ~5x faster than the interpolate kernel on one
+    channel (tests/test_segmentation_data.py checks both)."""
+    pixels = mask.numpy()
+    if box is not None:  # a numpy slice: a few times cheaper than a torch one
+        top, left, height, width = box
+        pixels = pixels[top:top + height, left:left + width]
+    rows, cols = _exact_sources(pixels.shape[0], size[0]), _exact_sources(pixels.shape[1], size[1])
+    return torch.from_numpy(pixels.take(rows, axis=0).take(cols, axis=1))

@@ -28,6 +28,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from train.data.fast.decode import crop_resize
 from train.data.geometry import flip_threshold, resized_size
 from train.data.masks import IGNORE_INDEX, resize_exact
 from train.data.transforms import DirectCompose, resize_size, to_float_steps
@@ -71,12 +72,12 @@ class RandomResizedCrop(JointGeometry, v2.RandomResizedCrop):
     """v2.RandomResizedCrop, masks NEAREST_EXACT."""
 
     def image(self, image: torch.Tensor, params: dict) -> torch.Tensor:
-        return F.resized_crop_image(image, **params, size=self.size, interpolation=self.interpolation,
-                                    antialias=self.antialias)
+        box = params["top"], params["left"], params["height"], params["width"]
+        return crop_resize(image, box, self.size, self.interpolation, self.antialias)
 
     def mask(self, mask: torch.Tensor, params: dict) -> torch.Tensor:
-        top, left = params["top"], params["left"]
-        return resize_exact(mask[top:top + params["height"], left:left + params["width"]], list(self.size))
+        box = params["top"], params["left"], params["height"], params["width"]
+        return resize_exact(mask, list(self.size), box)
 
 
 def _window(scaled: int, crop: int, stored: int) -> tuple[int, int, int, int]:
@@ -115,25 +116,16 @@ class ScaledCrop(JointGeometry, v2.Transform):
         return {"box": (top, left, box_h, box_w), "out": [out_h, out_w], "padding": padding if any(padding) else None}
 
     def image(self, image: torch.Tensor, params: dict) -> torch.Tensor:
-        """F.resize_image's antialiased bilinear resize (its pixels), called on the window as it lies in the
-        decoder's channels-innermost image: F.resize_image would copy the strided window first."""
-        window = _box(image, params["box"])[None]
-        out = torch.nn.functional.interpolate(window, params["out"], mode="bilinear", align_corners=False,
-                                              antialias=True)[0]
-        return _pad(out, params["padding"], 0)
+        """The window resized as the classification crops are (decode.crop_resize: copied into a channels-last
+        block for the uint8 kernel's vectorised path, HWC in memory, padding too)."""
+        out, padding = crop_resize(image, params["box"], params["out"]), params["padding"]
+        if padding is None:
+            return out
+        return torch.nn.functional.pad(out.permute(1, 2, 0), [0, 0, *padding]).permute(2, 0, 1)  # 0, as v2 pads
 
     def mask(self, mask: torch.Tensor, params: dict) -> torch.Tensor:
-        return _pad(resize_exact(_box(mask, params["box"]), params["out"]), params["padding"], IGNORE_INDEX)
-
-
-def _box(pixels: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:
-    top, left, height, width = box
-    return pixels[..., top:top + height, left:left + width]
-
-
-def _pad(pixels: torch.Tensor, padding: list[int] | None, value: int) -> torch.Tensor:
-    """torch's pad (v2's F.pad took 3-4x as long on a channels-innermost window)."""
-    return pixels if padding is None else torch.nn.functional.pad(pixels, padding, value=value)
+        out, padding = resize_exact(mask, params["out"], params["box"]), params["padding"]
+        return out if padding is None else torch.nn.functional.pad(out, padding, value=IGNORE_INDEX)
 
 
 def _flip_pair(step: v2.RandomHorizontalFlip):
