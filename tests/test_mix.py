@@ -129,6 +129,11 @@ def test_an_unreadable_sample_names_its_source(tiny_dataset, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert samples[(0, position)] is None  # skipped as a bad sample, and the log line names the source
     assert "skipping unreadable sample dataset.sources.broken: " in caplog.text
+    cfg = compose_config(["hardware=cpu", "dataset=mix"])
+    cfg.dataset.sources = sources  # its first class's files all truncated: none of the first samples the build tries
+    with pytest.raises(ConfigError, match=rf"^dataset\.sources\.broken: none of its first 8 samples can be read "
+                                          rf"\(the first, {broken / 'train' / first}/[^ ]+\.jpg \(sample 0\): "):
+        build_sources(cfg.dataset, cfg.data)
 
 
 def run_args(folder: Path, run_dir: Path, cache: Path, *extra: str) -> list[str]:

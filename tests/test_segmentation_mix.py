@@ -1,11 +1,13 @@
 """dataset=mix with task=segmentation: a VOC folder (make_dataset.py's segmentation set: real JPEG images,
 real palette-PNG masks) and shards written from it by scripts/make_shards.py, mixed 3:1 through the real Samples
 path and DataLoader workers: every mask in a batch is its own sample's, as its source gives it; a source without
-masks, one with other classes and one with a transform of its own are each named in one line; `python -m train`
-trains an epoch of the mix and counts each source's samples."""
+masks, one with other classes (or the same in another order) and one with a transform of its own are each named in
+one line at build, and a source whose first JPEG is truncated is skipped past (or named, when none of its first
+samples reads); `python -m train` trains an epoch of the mix and counts each source's samples."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from train.data.mix import MixSource
 from train.data.samples import Samples
 from train.data.seg_augment import SegmentationRecipe, joint
 from train.errors import ConfigError
+from train.task.classification import Classification
 from train.task.segmentation import Segmentation
 
 PER_EPOCH, BATCH, SIZE = 24, 4, DataCfg.image_size
@@ -66,11 +69,15 @@ def test_a_mix_of_a_voc_folder_and_its_shards_gives_each_sample_its_own_mask_in_
     assert len({m.numpy().tobytes() for m in masks}) == len(mix.sources[0]) == 8  # every sample's own mask
 
 
-def one_line_error(cfg_sources: dict, tmp_path: Path) -> str:
+def built(cfg_sources: dict, tmp_path: Path, task=None):
     cfg = compose_config(["hardware=cpu", "task=segmentation", "dataset=mix", f"data.root={tmp_path}"])
     cfg.dataset.sources = cfg_sources
+    return build_sources(cfg.dataset, cfg.data, task or Segmentation())
+
+
+def one_line_error(cfg_sources: dict, tmp_path: Path, task=None) -> str:
     with pytest.raises(ConfigError) as err:
-        build_sources(cfg.dataset, cfg.data, Segmentation())
+        built(cfg_sources, tmp_path, task)
     message = str(err.value)
     assert "\n" not in message, message
     return message
@@ -94,6 +101,49 @@ def test_a_source_without_masks_other_classes_or_its_own_transform_are_named_in_
     message = one_line_error(sources(voc, voc_shards, cache, other={**other_voc, "root": str(voc), "transform": flip}),
                              tmp_path)
     assert message.startswith("dataset.sources.other.transform: its samples carry masks")
+    # the task's own check comes first: masks where labels are trained on is what is wrong, not the transform
+    message = one_line_error({"other": {**other_voc, "root": str(voc), "transform": flip}}, tmp_path, Classification())
+    assert message.startswith("dataset.sources.other: its sample 0 must be (image, label)"), message
+
+
+def test_mask_sources_with_the_same_classes_in_another_order_fail_at_build_for_both_splits(voc, voc_shards, tmp_path):
+    """A mask's values are class indices: the same names in another order would train one class as another."""
+    swapped = make_synthetic_voc(tmp_path / "swapped", train=1, val=1, size=48)
+    (swapped / "classes.txt").write_text("background\nsquare\ncircle\ntriangle\ncross\n")
+    cfg_sources = sources(voc, voc_shards, tmp_path / "cache", swapped={
+        "_target_": "train.data.voc.VOCSegmentation", "root": str(swapped), "weight": 1})
+    message = one_line_error(cfg_sources, tmp_path)
+    assert message.startswith("dataset.sources.swapped: its classes [background, square, circle, triangle, cross] "
+                              "(5) are not dataset.sources.folder's [background, circle, square,"), message
+    for split in ("train", "val"):  # the check reads no sample: the val split's mix is checked alike
+        with pytest.raises(ConfigError, match=r"^dataset\.sources\.swapped: its classes"):
+            MixSource(cfg_sources, split, samples_per_epoch=PER_EPOCH).check_masks([0, 1, 2])
+
+
+def test_a_truncated_first_jpeg_is_skipped_at_build_and_a_source_with_none_readable_is_named(voc, voc_shards,
+                                                                                           tmp_path):
+    """data.on_bad_sample=warn skips an unreadable sample in training: the build check reads past it too."""
+    broken = make_synthetic_voc(tmp_path / "broken", train=3, val=1, size=48)
+    first = broken / "JPEGImages" / "train_00000.jpg"
+    first.write_bytes(first.read_bytes()[:100])  # a truncated JPEG at the source's position 0
+    entry = {"_target_": "train.data.voc.VOCSegmentation", "root": str(broken), "weight": 1}
+    train, _ = built(sources(voc, voc_shards, tmp_path / "cache", broken=entry), tmp_path)
+    assert train.names == ("folder", "shards", "broken")
+    with pytest.raises(OSError):
+        train.read_part(2, 0)  # it is unreadable: the check got past it
+    plain = compose_config(["hardware=cpu", "task=segmentation", "dataset=voc", f"data.root={broken}"])
+    assert len(build_sources(plain.dataset, plain.data, Segmentation())[0]) == 3  # a source alone, alike
+
+    for name in ("train_00001", "train_00002"):  # now none of its samples reads
+        path = broken / "JPEGImages" / f"{name}.jpg"
+        path.write_bytes(path.read_bytes()[:100])
+    message = one_line_error(sources(voc, voc_shards, tmp_path / "cache", broken=entry), tmp_path)
+    assert message.startswith(f"dataset.sources.broken: none of its first 3 samples can be read (the first, {first} "
+                              "(sample 0): "), message
+    assert "replace or remove the broken files" in message
+    with pytest.raises(ConfigError, match=rf"^dataset\._target_=train\.data\.voc\.VOCSegmentation: none of its first "
+                                          rf"3 samples can be read \(the first, {re.escape(str(first))} "):
+        build_sources(plain.dataset, plain.data, Segmentation())
 
 
 @pytest.mark.slow  # a training run

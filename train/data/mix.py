@@ -17,8 +17,8 @@ across passes). data.shuffle=false: every pass in stored order, interleaved even
 Classes are the union of the sources' class names (mix_sources.py builds and checks the sources); labels map by name.
 Masks (task=segmentation) pass through as their source gives them: their values are class indices, so every source
 of masks must name the same classes in the same order, and none may have a transform of its own (it would move the
-image without its mask); each is said in one line naming the source when its first mask is read (check_sources reads
-each source's first sample through `read_part`, before any worker starts).
+image without its mask). check_sources reads each source's first readable sample through `read_part` at build, before
+any worker starts, and hands the sources whose samples carry masks to `check_masks` (on train and val alike).
 Validation reads every source's val split whole, one after another. A source whose read fails is named in the error
 (`dataset.sources.<name>`).
 """
@@ -34,7 +34,7 @@ import torch
 
 from train.data.fast.decode import UNREADABLE
 from train.data.masks import as_mask
-from train.data.mix_sources import build_parts, pass_window
+from train.data.mix_sources import build_parts, check_mask_parts, pass_window
 from train.data.remote.shard_order import check_window, window_order
 from train.data.remote.shard_store import ShardError
 from train.data.seeds import MIX, mixed_seed
@@ -68,7 +68,6 @@ class MixSource:
         self.lengths = np.array([len(source) for source in self.sources], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
         self.paths = MixPaths(self)
-        self._mask_parts: set[int] = set()  # the sources whose masks `_check_masks` let through
         if split != "train":  # validation: every source's split whole, in turn
             self.counts, self.length = self.lengths, int(self.offsets[-1])
             return
@@ -162,7 +161,7 @@ class MixSource:
 
     def read_part(self, part: int, sample: int) -> tuple[torch.Tensor, torch.Tensor | int]:
         """Sample `sample` of source `part` as the mix gives it: the image through the source's own transform and
-        the label mapped onto `classes`, or the image and its mask as they are (`_check_masks`). check_sources
+        the label mapped onto `classes`, or the image and its mask as they are (`check_masks`). check_sources
         reads each source's first sample through this, so a source the task cannot train on is named."""
         source, name = self.sources[part], self.names[part]
         if hasattr(source, "set_epoch"):
@@ -178,26 +177,14 @@ class MixSource:
             raise
         image, mask = as_uint8_tensor(image), as_mask(target)
         if mask is not None:
-            if part not in self._mask_parts:
-                self._check_masks(part)
             return image, mask
         transform = self.transforms[part]
         return (image if transform is None else transform(image)), int(self.label_maps[part][int(target)])
 
-    def _check_masks(self, part: int) -> None:
-        """A source of masks: no transform of its own (it would move the image alone), and the classes of the
-        first source of masks read (a mask's values are class indices, which a mix cannot map by name)."""
-        name, own = self.names[part], [str(c) for c in self.sources[part].classes]
-        if self.transforms[part] is not None:
-            raise ConfigError(f"dataset.sources.{name}.transform: its samples carry masks, and a source's own "
-                              "transform changes the image alone: drop it (augment= moves images and masks together)")
-        first = next(iter(self._mask_parts), None)  # they all agree: any one stands for them
-        if first is not None and own != (theirs := [str(c) for c in self.sources[first].classes]):
-            raise ConfigError(f"dataset.sources.{name}: its classes {short(own)} are not dataset.sources."
-                              f"{self.names[first]}'s {short(theirs)}: masks hold class indices, so every source of "
-                              "masks must name the same classes in the same order (a VOC folder's classes.txt, the "
-                              "shards' _info.json, dataset.classes for parquet)")
-        self._mask_parts.add(part)
+    def check_masks(self, parts: list[int]) -> None:
+        """The sources `parts`, whose samples carry masks, go together: the same classes, no transform of their own
+        (mix_sources.py). check_sources calls this at build, on train and val alike."""
+        check_mask_parts(self.names, self.sources, self.transforms, parts)
 
 
 class MixPaths:
@@ -209,11 +196,6 @@ class MixPaths:
     def __getitem__(self, index: int) -> str:
         part, sample = self.mix.locate(int(index))
         return f"dataset.sources.{self.mix.names[part]}: {sample_name(self.mix.sources[part], sample)}"
-
-
-def short(names: list[str], most: int = 6) -> str:
-    """A class list for a one-line error: its first `most` names and how many in all."""
-    return f"[{', '.join(names[:most])}{', ...' if len(names) > most else ''}] ({len(names)})"
 
 
 def shares(total: int, weights: np.ndarray) -> np.ndarray:

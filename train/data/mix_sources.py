@@ -1,6 +1,7 @@
 """dataset=mix's sources from `dataset.sources`: each entry checked (a `_target_` spec, a weight > 0, an optional
 `transform`), built for the split, and its labels mapped onto the union of the sources' class names, the first
-source's in its order, then each later source's new names. Every error is one line naming `dataset.sources.<name>`.
+source's in its order, then each later source's new names; sources of masks checked for going together
+(`check_mask_parts`). Every error is one line naming `dataset.sources.<name>`.
 """
 
 from __future__ import annotations
@@ -99,6 +100,28 @@ def _union_of_classes(names: tuple[str, ...], sources: list[Source]) -> tuple[li
             classes[c] = len(classes)
         maps.append(np.array([classes[c] for c in own], dtype=np.int64))
     return list(classes), maps
+
+
+def check_mask_parts(names: tuple[str, ...], sources: list[Source], transforms: list, parts: list[int]) -> None:
+    """The sources `parts` give masks (check_sources read them, for a task that trains on masks): a mask's values are
+    class indices, which a mix cannot map by name, so each must name the first one's classes in its order; and none
+    may have a transform of its own (it would move the image without its mask)."""
+    first = [str(c) for c in sources[parts[0]].classes] if parts else []
+    for part in parts:
+        name, own = names[part], [str(c) for c in sources[part].classes]
+        if transforms[part] is not None:
+            raise ConfigError(f"dataset.sources.{name}.transform: its samples carry masks, and a source's own "
+                              "transform changes the image alone: drop it (augment= moves images and masks together)")
+        if own != first:
+            raise ConfigError(f"dataset.sources.{name}: its classes {short(own)} are not dataset.sources."
+                              f"{names[parts[0]]}'s {short(first)}: masks hold class indices, so every source of "
+                              "masks must name the same classes in the same order (a VOC folder's classes.txt, the "
+                              f"shards' _info.json, dataset.sources.{name}.classes for parquet)")
+
+
+def short(names: list[str], most: int = 6) -> str:
+    """A class list for a one-line error: its first `most` names and how many in all."""
+    return f"[{', '.join(names[:most])}{', ...' if len(names) > most else ''}] ({len(names)})"
 
 
 def pass_window(source: Source, window: int | None) -> int:

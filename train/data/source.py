@@ -23,8 +23,11 @@ A source is a map-style dataset built from the `dataset:` config group with `spl
                              sampler only splits it over ranks, in contiguous parts
                 parts        names of the sources a mix draws from, with part_of(epoch, indices) -> each index's
                              part: metrics.jsonl counts the samples each part gave an epoch (mix.py)
-                read_part    (part, sample) -> that part's sample as the mix gives it (with parts): the first
-                             sample of each part is checked for the task, and an error names the part
+                read_part    (part, sample) -> that part's sample as the mix gives it (with parts and `sources`,
+                             the parts themselves): the first readable sample of each part is checked for the task,
+                             and an error names the part
+                check_masks  parts -> None: those parts' samples carry masks (with read_part); raise ConfigError
+                             where they cannot go together
 
 Everything else a run gives every source alike (samples.py): the per-sample seeds, the sample cache, the transform,
 bad samples skipped, stuck reads named.
@@ -40,7 +43,11 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
-from train.errors import ConfigError
+from train.data.fast.decode import UNREADABLE
+from train.data.masks import as_mask
+from train.errors import ConfigError, first_line
+
+TRIES = 8  # a source's first samples tried for one that reads: training skips a few unreadable ones (samples.py)
 
 
 @runtime_checkable
@@ -100,8 +107,8 @@ def sample_name(source: Source, index: int) -> str:
 
 def check_sources(target: str, train: Source, val: Source, task) -> None:
     """The `Source` protocol and what `task` (train/task/) needs on both splits, the same on both, and a first
-    training sample of (image, target): one line naming `dataset._target_` and what is missing, before any worker
-    starts."""
+    readable training sample of (image, target): one line naming `dataset._target_` (a mix: `dataset.sources.<name>`
+    for each of its sources) and what is missing, before any worker starts."""
     needs = "".join(f"`{name}` ({doc}), " for name, doc in task.source_needs.items())
     for split, source in (("train", train), ("val", val)):
         if not isinstance(source, Source) or not all(hasattr(source, name) for name in task.source_needs):
@@ -112,16 +119,39 @@ def check_sources(target: str, train: Source, val: Source, task) -> None:
     for name in task.source_needs:
         if list(getattr(train, name)) != list(getattr(val, name)):
             raise ConfigError(f"dataset._target_={target}: train and val have different {name}")
-    read_part = getattr(train, "read_part", None)  # a mix (mix.py): each of its sources' first sample, by name
-    firsts = [(f"dataset.sources.{name}", partial(read_part, part, 0)) for part, name in enumerate(train.parts)] \
-        if read_part else [(f"dataset._target_={target}", partial(train.__getitem__, 0))]
-    for key, first in firsts:
+    if not hasattr(train, "read_part"):
+        check_first(f"dataset._target_={target}", train, train.__getitem__, "dataset[{}]", task)
+        return
+    # a mix (mix.py): each of its sources by name; read_part says an unreadable sample as an OSError (MixReadError),
+    # and its other errors are about what the sample is
+    masks = [part for part, name in enumerate(train.parts)
+             if check_first(f"dataset.sources.{name}", train.sources[part], partial(train.read_part, part),
+                            "its sample {}", task, unreadable=OSError)]
+    if masks:  # after every target check: a task that trains on masks, and sources of masks that must go together
+        for source in (train, val):
+            source.check_masks(masks)
+
+
+def check_first(key: str, source: Source, read, what: str, task, unreadable=UNREADABLE) -> bool:
+    """The first sample `read` (index -> sample) can read of `source`'s first TRIES, checked for `task`; whether its
+    target is a mask. One line naming `key` when none reads or the sample is not what the task trains on."""
+    tries, why = min(TRIES, len(source)), ""
+    for index in range(tries):
         try:
-            image, label = first()[:2]
+            try:
+                image, target = read(index)[:2]
+            except ConfigError:  # the source's own one line (a shard that cannot be had)
+                raise
+            except unreadable as err:  # a bad sample, which training skips too: the next one
+                why = why or f"{sample_name(source, index)}: {first_line(err).removeprefix(f'{key}: ')}"
+                continue
             as_uint8_tensor(image)
-            task.check_target(label)
-        except ConfigError:  # the source's own one line (a mix's sources that cannot go together)
+            task.check_target(target)
+            return as_mask(target) is not None
+        except ConfigError:
             raise
         except (TypeError, ValueError) as err:
-            raise ConfigError(f"{key}: dataset[0] must be (image, {task.target_name}) with a PIL image or a uint8 CHW "
-                              f"tensor and {task.target_doc} ({err})") from err
+            raise ConfigError(f"{key}: {what.format(index)} must be (image, {task.target_name}) with a PIL image or "
+                              f"a uint8 CHW tensor and {task.target_doc} ({err})") from err
+    raise ConfigError(f"{key}: none of its first {tries} samples can be read (the first, {why}): replace or remove the "
+                      "broken files, or point its root at the images it should hold")

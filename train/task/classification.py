@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from train.data.masks import as_mask
 from train.task.base import Task
 
 
@@ -36,6 +37,8 @@ class Classification(Task):
         return self.metric_rows()
 
     def check_target(self, target: Any) -> None:
+        if as_mask(target) is not None:
+            raise TypeError("got a mask, not a label: a source of masks trains with task=segmentation")
         int(target)
 
     def batch_mix(self, recipe, source, seed: int):
