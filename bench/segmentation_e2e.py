@@ -10,10 +10,13 @@ reference's padding collate (workers restarted each epoch: no persistent_workers
 and run the step, it takes loadout's settings where the reference has its own: the base size (loadout's
 data.resize_size default, image_size * 256 / 224), SGD (lr 0.05, Nesterov, weight decay 5e-4), OneCycleLR, and the
 validation geometry (resize to image_size x image_size, so both score the same pixels). Both models are torchvision's
-lraspp_mobilenet_v3_large, untrained. Each side runs as a fresh process, interleaved A B A B; the ratio is training
-images/s (images over the epochs' training seconds: loadout's from its metrics.jsonl), best of each. The whole
-process's wall time and the last epoch's val mIoU (one confusion-matrix definition: train/task/segmentation.py) are
-printed beside it, so a faster run that learns less shows.
+lraspp_mobilenet_v3_large, untrained. Each side runs as a fresh process, ROUNDS rounds taken in turn (A B, B A, A B,
+B A: a load that rises or falls over the run weighs on both sides alike); the figure is the median over the rounds of
+each round's ratio of training images/s (images over the epochs' training seconds: loadout's from its metrics.jsonl),
+with the rounds' spread beside it (a median of paired rounds: a best of each side over two rounds swung with the
+other jobs on a shared box). loadout's precision (trainer.precision=auto's choice, from its plan.json), the whole
+process's wall and CPU time and the last epoch's val mIoU (one confusion-matrix definition:
+train/task/segmentation.py) are printed beside it, so a faster run that learns less shows.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +44,7 @@ from torchvision.transforms.v2 import functional as F
 from train.task.segmentation import scores
 
 VOC_DATA = Path(os.environ.get("VOC_DATA", ROOT / "data" / "synthetic-voc"))
-SIZE, BATCH, WORKERS, EPOCHS, ROUNDS = 64, 32, 2, 2, 2
+SIZE, BATCH, WORKERS, EPOCHS, ROUNDS = 64, 32, 2, 4, 4  # epochs of ~2 s on 2 quiet cores
 BASE_SIZE = round(SIZE * 256 / 224)  # loadout's data.resize_size default
 LR, MOMENTUM, WEIGHT_DECAY, PCT_START = 0.05, 0.9, 5e-4, 0.15  # conf/optimizer/sgd.yaml, conf/scheduler/onecycle.yaml
 IGNORE = 255
@@ -177,7 +181,8 @@ def loadout_side(tmp: Path, index: int) -> dict:
                        f"trainer.epochs={EPOCHS}", "logger=[]", f"hydra.run.dir={run_dir}"],
                       tmp / f"loadout-{index}.log")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return summary([row for row in map(json.loads, lines) if "epoch_s" in row], wall, cpu)
+    precision = json.loads((run_dir / "plan.json").read_text())["precision"]  # trainer.precision=auto's choice
+    return {**summary([row for row in map(json.loads, lines) if "epoch_s" in row], wall, cpu), "precision": precision}
 
 
 def stock_side(tmp: Path, index: int) -> dict:
@@ -197,21 +202,26 @@ def main() -> None:
     ours, stock = [], []
     with tempfile.TemporaryDirectory(prefix="seg-e2e-") as tmp:
         for index in range(ROUNDS):
-            ours.append(loadout_side(Path(tmp), index))
-            stock.append(stock_side(Path(tmp), index))
+            sides = [(ours, loadout_side), (stock, stock_side)]
+            for results, side in sides if index % 2 == 0 else sides[::-1]:
+                results.append(side(Path(tmp), index))
             print("  round", index + 1, *(f"{name} {r[-1]['images_per_s']:.1f} img/s, {r[-1]['wall']:.0f} s wall, "
                                           f"{r[-1]['cpu']:.0f} CPU s, mIoU {r[-1]['miou']:.3f};"
                                           for name, r in (("loadout", ours), ("stock", stock))), flush=True)
     rate = [r["images_per_s"] for r in ours], [r["images_per_s"] for r in stock]
-    ratio = max(rate[0]) / max(rate[1])
-    wall = min(r["wall"] for r in stock) / min(r["wall"] for r in ours)
-    cpu = min(r["cpu"] for r in stock) / min(r["cpu"] for r in ours)
+    ratios = [a / b for a, b in zip(*rate, strict=True)]
+    ratio = statistics.median(ratios)
+    wall = statistics.median(b["wall"] / a["wall"] for a, b in zip(ours, stock, strict=True))
+    cpu = statistics.median(b["cpu"] / a["cpu"] for a, b in zip(ours, stock, strict=True))
     miou = [f"{min(r['miou'] for r in side):.3f}-{max(r['miou'] for r in side):.3f}" for side in (ours, stock)]
+    precision = "/".join(sorted({r["precision"] for r in ours}))
+    median = [statistics.median(side) for side in rate]
     report("segmentation end to end, loadout / stock reference", ratio, ">= 1.3", ratio >= 1.3,
-           f"training img/s, lraspp_mobilenet_v3_large at {SIZE} px, batch {BATCH}, {WORKERS} workers, {EPOCHS} epochs "
-           f"on {VOC_DATA.name}: loadout {spread(rate[0])}, stock {spread(rate[1])}; whole process {wall:.2f}x less "
-           f"wall time, {cpu:.2f}x less CPU time; val mIoU loadout {miou[0]}, stock {miou[1]}; {machine()}")
-
+           f"median of {ROUNDS} rounds' training img/s ratios (rounds {min(ratios):.2f}-{max(ratios):.2f}), "
+           f"lraspp_mobilenet_v3_large at {SIZE} px, batch {BATCH}, {WORKERS} workers, {EPOCHS} epochs on "
+           f"{VOC_DATA.name}: loadout in {precision} {spread(rate[0])} img/s (median {median[0]:.0f}), stock "
+           f"{spread(rate[1])} (median {median[1]:.0f}); whole process {wall:.2f}x less wall time, "
+           f"{cpu:.2f}x less CPU time (medians); val mIoU loadout {miou[0]}, stock {miou[1]}; {machine()}")
 
 if __name__ == "__main__":
     main()

@@ -36,8 +36,8 @@ def test_a_checkpoint_holds_each_stateful_part_and_the_format(trainer):
     trainer.save()
     state = checkpoint.load(trainer.checkpoint_path)
     assert state["format"] == checkpoint.FORMAT
-    assert set(state) == {"format", "model", "optimizer", "scheduler", "scaler", "micro_batch", "progress", "plan",
-                          "loader", "meter", "trackers"}
+    assert set(state) == {"format", "model", "optimizer", "scheduler", "scaler", "micro_batch", "precision",
+                          "progress", "plan", "loader", "meter", "trackers"}
     assert state["meter"] is None  # saved at an epoch's start: no counts to carry
     assert state["plan"] == {"epochs": 2, "steps_per_epoch": 15, "world_size": 1, "step_shift": 0}
     trainer.resume(trainer.checkpoint_path)  # and reads back

@@ -1,5 +1,6 @@
 """trainer.precision: auto decided from the device (bf16 where native, fp16 + GradScaler before Ampere, fp32 on a CPU
-without native bf16), the old keys refused, the LR schedule held on a step fp16 skips, and bf16 learning as fp32."""
+without native bf16; on a CPU with native bf16, bf16 measured against fp32 on a copy of the model, the choice kept by
+a resume), the old keys refused, the LR schedule held on a step fp16 skips, and bf16 learning as fp32."""
 
 from __future__ import annotations
 
@@ -8,16 +9,22 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 
 from tests.conftest import compose_config, read_metrics, run_cli
 from train.config import validate
+from train.data import data_from_config
+from train.data.loader.batch import Batch
 from train.dist import DistEnv
 from train.errors import ConfigError
+from train.loop import checkpoint
+from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.loop.precision import cpu_flags, resolve
+from train.loop.precision import MEASURE_MIN_STEPS, RunPrecision, choose, cpu_flags, measure, resolve
 from train.loop.step import TrainStep
 
 CPU = torch.device("cpu")
+NATIVE = {"avx512f", "avx512_bf16"}  # a CPU with native bf16, whatever this one has
 
 
 def test_auto_takes_bf16_where_the_device_runs_it_natively_and_says_so(caplog):
@@ -88,3 +95,124 @@ def test_bf16_channels_last_learns_as_well_as_fp32(learn_dataset, tmp_path):
         accuracy[name] = read_metrics(run_dir)[-1]["val_acc"]
     assert accuracy["fp32"] > 0.3 and accuracy["bf16"] > 0.3, accuracy  # 10 classes: chance is 0.1
     assert abs(accuracy["bf16"] - accuracy["fp32"]) <= 0.1, accuracy
+
+
+class SegmentationLike(nn.Module):
+    """BatchNorm (running statistics), dropout (the global random stream) and torchvision's {"out": ...} output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout2d(0.5),
+                                 nn.Conv2d(8, 4, 1))
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": self.net(images)}
+
+
+def counted(model: nn.Module) -> list:
+    """Every forward of `model` and of its copies (the hook is shared by a deepcopy) appends to the list."""
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape))
+    return calls
+
+
+def test_measuring_leaves_the_model_its_statistics_and_the_random_streams_as_they_were():
+    torch.manual_seed(0)
+    model = SegmentationLike().to(memory_format=torch.channels_last).eval()
+    calls = counted(model)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    rng, threads = torch.get_rng_state(), torch.get_num_threads()
+    times = measure(model, (4, 3, 16, 16), channels_last=True)
+    assert set(times) == {"bf16", "fp32"} and all(0 < t < 10 for t in times.values()), times
+    assert len(calls) == 6  # a warm-up and two timed steps each way, on the copy
+    after = model.state_dict()
+    assert [name for name in before if not torch.equal(before[name], after[name])] == []
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+    assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == threads
+
+
+def test_fp32_only_where_it_is_clearly_faster_on_a_step_long_enough_to_tell():
+    assert choose(bf16=0.130, fp32=0.110) == "fp32"  # lraspp_mobilenet_v3_large at 64 px on an EPYC
+    assert choose(bf16=0.070, fp32=0.100) == "bf16" and choose(bf16=0.105, fp32=0.100) == "bf16"  # within noise
+    assert choose(bf16=0.0008, fp32=0.0006) == "bf16"  # a tiny net: dispatch, not arithmetic
+    assert choose(bf16=0.26, fp32=0.22, ranks=2) == "fp32" and choose(bf16=0.012, fp32=0.009, ranks=2) == "bf16"
+
+
+def test_only_auto_training_long_enough_on_a_native_bf16_cpu_measures():
+    steps = MEASURE_MIN_STEPS
+    waiting = RunPrecision("auto", CPU, steps=steps, flags=NATIVE)
+    assert waiting.pending and waiting.value == "bf16"
+    for chosen, run in (("fp32", RunPrecision("auto", CPU, steps=steps, flags={"avx2", "avx512f"})),
+                        ("bf16", RunPrecision("auto", CPU, steps=steps - 1, flags=NATIVE)),  # too short to repay it
+                        ("bf16", RunPrecision("auto", CPU, steps=steps, flags=NATIVE, training=False)),  # validate
+                        ("fp32", RunPrecision("fp32", CPU, steps=steps, flags=NATIVE)),
+                        ("bf16", RunPrecision("bf16", CPU, steps=steps, flags=set()))):
+        assert not run.pending and run.value == chosen
+
+
+def test_auto_on_a_cpu_without_native_bf16_is_fp32_without_measuring(caplog):
+    caplog.set_level(logging.INFO)
+    model = SegmentationLike()
+    calls = counted(model)
+    run = RunPrecision("auto", CPU, steps=10**6, flags={"avx2", "avx512f"})
+    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls == []
+    assert "no avx512_bf16 or amx_bf16 on this CPU" in caplog.text and "measured" not in caplog.text
+
+
+def small_trainer(tiny_dataset, run_dir) -> Trainer:
+    """TinyNet on the tiny set as `python -m train hardware=cpu` builds it, told its CPU has native bf16 (from
+    outside, so the measurement runs on any machine)."""
+    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+                          "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=2",
+                          "trainer.progress=false", "model._target_=tests.tiny_net.TinyNet"])
+    data = data_from_config(cfg, DistEnv(), CPU)
+    trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU,
+                                                                         channels_last=True), run_dir)
+    trainer.step.auto = RunPrecision("auto", CPU, steps=trainer.plan.total_steps, flags=NATIVE)
+    return trainer
+
+
+def one_batch() -> Batch:
+    images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    return Batch(images.contiguous(memory_format=torch.channels_last), torch.arange(16) % 10)
+
+
+def test_the_first_step_measures_once_the_checkpoint_records_it_and_a_resume_keeps_it(tiny_dataset, tmp_path,
+                                                                                       caplog):
+    caplog.set_level(logging.INFO)
+    trainer = small_trainer(tiny_dataset, tmp_path)
+    first = next(trainer.step.model.parameters()).detach().clone()
+    trainer.step(one_batch())
+    assert not trainer.step.auto.pending and trainer.step.precision in ("bf16", "fp32")
+    assert caplog.text.count("measured on this model") == 1 and "a forward + backward of 16x3x32x32" in caplog.text
+    assert not torch.equal(next(trainer.step.model.parameters()), first)  # and the step trained
+    trainer.step(one_batch())
+    assert caplog.text.count("measured on this model") == 1
+    trainer.save()
+    state = checkpoint.load(trainer.checkpoint_path)
+    assert state["precision"] == {"precision": trainer.step.precision}
+
+    other = "fp32" if trainer.step.precision == "bf16" else "bf16"  # whatever this run would measure, the record wins
+    trainer.step.auto.value = other
+    trainer.save()
+    caplog.clear()
+    resumed = small_trainer(tiny_dataset, tmp_path)
+    resumed.resume(trainer.checkpoint_path)
+    assert resumed.step.precision == other and not resumed.step.auto.pending
+    assert "the checkpoint's run trained in it; not measured again" in caplog.text
+    resumed.step(one_batch())
+    assert "measured on this model" not in caplog.text
+
+
+def test_a_checkpoint_from_before_the_record_measures_as_a_new_run(tiny_dataset, tmp_path):
+    trainer = small_trainer(tiny_dataset, tmp_path)
+    trainer.step(one_batch())
+    trainer.save()
+    state = checkpoint.load(trainer.checkpoint_path)
+    del state["precision"]
+    torch.save(state, trainer.checkpoint_path)
+    resumed = small_trainer(tiny_dataset, tmp_path)
+    resumed.resume(trainer.checkpoint_path)
+    assert resumed.step.auto.pending and resumed.step.precision == "bf16"
+    resumed.step(one_batch())
+    assert not resumed.step.auto.pending

@@ -1,11 +1,12 @@
 """Checkpoints: one dict of Stateful parts, versioned, written atomically (temporary file + fsync + rename), the
 previous ones kept beside the last (trainer.keep_checkpoints), found again for trainer.resume=auto.
 
-The Trainer hands over its parts by name (model, optimizer, scheduler, scaler, micro-batch size, progress, the
-trackers' run ids, loader: every rank's StatefulDataLoader position, meter: every rank's training counts of the epoch
-in progress), as torchtitan's checkpointer keeps one dict of Stateful objects; the file holds each part's
-`state_dict()` and the format version, and a file of another format is refused in one line. A part added since
-(micro_batch, trackers, autotune, meter) is optional within the format: an older file resumes without it.
+The Trainer hands over its parts by name (model, optimizer, scheduler, scaler, micro-batch size, the precision the
+run trains in, progress, the trackers' run ids, loader: every rank's StatefulDataLoader position, meter: every rank's
+training counts of the epoch in progress), as torchtitan's checkpointer keeps one dict of Stateful objects; the file
+holds each part's `state_dict()` and the format version, and a file of another format is refused in one line. A part
+added since (micro_batch, trackers, autotune, meter, precision) is optional within the format: an older file resumes
+without it.
 Every file is read with weights_only=True: tensors and plain containers, never code. A write that fails (a full
 disk, a quota, a read-only mount) leaves the previous checkpoints as they were and says so in one line.
 """

@@ -7,16 +7,25 @@ convolutions use TF32.
 
 Only fp16 needs a GradScaler, and its `step` reads the found-inf flag on the host (a sync per optimizer step);
 bf16 has fp32's exponent range and needs none, so auto picks bf16 wherever it can.
+
+A native bf16 flag does not make every model faster in bf16 on a CPU (on an AMD EPYC with avx512_bf16 resnet18
+trains faster in bf16, lraspp_mobilenet_v3_large slower: bench/RESULTS.md), so a training run with auto on such a CPU
+measures both on a copy of its own model before its first step (`RunPrecision.settle`) and keeps bf16 unless fp32 is
+clearly faster. The choice is a part of every checkpoint: a resumed run keeps it rather than measuring again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
+import math
+import time
 from pathlib import Path
 
 import torch
 
+from train.dist import all_reduce_sum
 from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -24,6 +33,15 @@ log = logging.getLogger(__name__)
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# The measurement (a warm-up and two timed steps each way on up to PROBE_BATCH samples, on one thread: under a
+# second for resnet18 or lraspp at 64 px) is left out of runs shorter than MEASURE_MIN_STEPS (smoke runs:
+# trainer.max_steps, debug=limit), where it would be much of the start-up and could not pay for itself.
+MEASURE_MIN_STEPS = 20
+PROBE_BATCH = 16  # bf16 / fp32 step-time ratios at 16 samples matched those at 32 (resnet18, lraspp)
+FP32_MARGIN = 1.1  # fp32 is taken only when bf16's step takes >= 10 % longer: noise never flips the choice to it
+# A step shorter than this is mostly Python and dispatch, whose bf16 / fp32 ratio wanders from one measurement to the
+# next: such a model keeps bf16, so that two runs of it train alike.
+MIN_MEASURED_S = 0.005
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -54,13 +72,105 @@ def resolve(setting: str, device: torch.device, *, flags: set[str] | None = None
                  "the GPU runs bf16 natively, no GradScaler" if cuda_bf16 else "no native bf16 before Ampere: "
                  "fp16 with a GradScaler")
         return chosen
-    flags = cpu_flags() if flags is None else flags
-    native = [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+    native = native_bf16(flags)
     if native:
         log.info("precision: bf16 (trainer.precision=auto; the CPU has %s)", ", ".join(native))
         return "bf16"
     log.info("precision: fp32 (trainer.precision=auto; no %s on this CPU)", " or ".join(NATIVE_BF16_FLAGS))
     return "fp32"
+
+
+def native_bf16(flags: set[str] | None = None) -> list[str]:
+    """The CPU's native bf16 flags among `flags` (this machine's by default)."""
+    flags = cpu_flags() if flags is None else flags
+    return [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+
+
+class RunPrecision:
+    """A run's resolved precision (`value`), a Stateful part of its checkpoints. trainer.precision=auto, training on
+    a CPU with native bf16 for >= MEASURE_MIN_STEPS steps: bf16 until `settle` measures it against fp32; a checkpoint's
+    record (bf16 or fp32) replaces the measurement. Everywhere else `resolve` decides, as it always has."""
+
+    def __init__(self, setting: str, device: torch.device, *, steps: int, training: bool = True,
+                 flags: set[str] | None = None):
+        self.native = native_bf16(flags) if device.type == "cpu" else []
+        self.measurable = training and setting == "auto" and bool(self.native)
+        self.pending = self.measurable and steps >= MEASURE_MIN_STEPS
+        self.value = "bf16" if self.pending else resolve(setting, device, flags=flags)
+
+    def state_dict(self) -> dict:
+        return {"precision": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint's precision kept where this run would have measured its own (auto on a bf16 CPU)."""
+        saved = state.get("precision")
+        if self.measurable and saved in ("bf16", "fp32"):
+            self.value, self.pending = saved, False
+            log.info("precision: %s (trainer.precision=auto: the checkpoint's run trained in it; not measured "
+                     "again)", saved)
+        elif saved and saved != self.value:
+            log.info("precision: %s (the checkpoint was trained in %s)", self.value, saved)
+
+    def settle(self, model: torch.nn.Module, shape: tuple[int, ...], channels_last: bool) -> str:
+        """bf16 or fp32 by a forward + backward of a copy of `model` on a random batch of `shape`: bf16 unless fp32 is
+        >= 10 % faster (and the step long enough to tell), the times summed over the ranks so that every rank takes
+        the same (one collective)."""
+        if not self.pending:
+            return self.value
+        start = time.perf_counter()
+        times = measure(model, shape, channels_last)
+        bf16, fp32, ranks = all_reduce_sum([times["bf16"], times["fp32"], 1.0], torch.device("cpu"))
+        self.value, self.pending = choose(bf16, fp32, ranks), False
+        took = time.perf_counter() - start
+        log.info("precision: %s (trainer.precision=auto on a CPU with %s, measured on this model: a forward + "
+                 "backward of %s takes %.3f s in bf16, %.3f s in fp32, one thread's CPU s, the faster of two, ranks "
+                 "summed; bf16 unless fp32 is >= %.0f %% faster; measuring took %.2f s)", self.value,
+                 ", ".join(self.native), "x".join(map(str, shape)), bf16, fp32, (FP32_MARGIN - 1) * 100, took)
+        return self.value
+
+
+def choose(bf16: float, fp32: float, ranks: float = 1) -> str:
+    """fp32 where its measured step (summed over `ranks`) is >= 10 % faster than bf16's and long enough to tell."""
+    return "fp32" if bf16 >= FP32_MARGIN * fp32 and fp32 >= MIN_MEASURED_S * ranks else "bf16"
+
+
+def measure(model: torch.nn.Module, shape: tuple[int, ...], channels_last: bool, *, warmup: int = 1,
+            rounds: int = 2) -> dict[str, float]:
+    """CPU seconds of one training-mode forward + backward of a copy of `model` on a random batch of `shape`, in
+    bf16 autocast and in fp32: the fastest of `rounds` each after `warmup`, taken in turn (bf16, fp32, bf16, ...).
+    On one thread, timed by its own CPU clock: beside other jobs torch's threads spin waiting for each other, and
+    on a loaded 2-core box wall or process time swung the ratio both ways where one thread's stayed put. The
+    model's weights, gradients, BatchNorm statistics and the random streams are left as they were."""
+    probe = copy.deepcopy(model).train()
+    images = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    best = {"bf16": math.inf, "fp32": math.inf}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):  # dropout draws from the global stream
+            for turn in range(warmup + rounds):
+                for name in best:
+                    start = time.thread_time()
+                    with autocast(torch.device("cpu"), name):
+                        outputs = probe(images)
+                    _total(outputs).backward()
+                    probe.zero_grad(set_to_none=True)
+                    if turn >= warmup:
+                        best[name] = min(best[name], time.thread_time() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return best
+
+
+def _total(outputs) -> torch.Tensor:
+    """One scalar over a model's outputs (a tensor, or a dict / sequence of them: {"out": ...} for segmentation)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.float().sum()
+    parts = outputs.values() if isinstance(outputs, dict) else outputs
+    return sum((_total(part) for part in parts if isinstance(part, torch.Tensor | dict | list | tuple)),
+               torch.zeros(()))
 
 
 def autocast(device: torch.device, precision: str):

@@ -26,8 +26,9 @@ def restore(trainer: Trainer, path: Path) -> None:
     del parts["plan"], parts["scaler"]  # this run's plan stands (checked above); the scaler loads from any device
     checkpoint.load_model(parts.pop("model"), state, path, trainer.model_name)
     trainer.step.load_scaler(state.get("scaler", {}))
-    # checkpoints written before trainer.micro_batch_size, the logger group, data.autotune, the epoch's counts lack them
-    for name in ("micro_batch", "trackers", "autotune", "meter"):
+    # checkpoints written before trainer.micro_batch_size, the logger group, data.autotune, the epoch's counts, the
+    # precision record lack them
+    for name in ("micro_batch", "trackers", "autotune", "meter", "precision"):
         if name not in state:
             parts.pop(name, None)
     if progress.batch_in_epoch >= trainer.batches.per_epoch or tc.overfit_batches:  # no position to go on from

@@ -58,7 +58,9 @@ class TrainStep:
         self.task = task or Classification()
         self.input_shape = input_shape
         self.distributed = env.distributed
-        self.precision = precision.resolve(tc.precision, device)
+        steps = min(self.total_steps, tc.max_steps or self.total_steps)
+        self.auto = precision.RunPrecision(tc.precision, device, steps=steps, training=tc.mode == "train")
+        self.channels_last = tc.channels_last
         if self.precision == "fp32":
             precision.allow_tf32(device)
         # broadcast_buffers=False: no BatchNorm buffer broadcast before every forward (rank 0's are checkpointed);
@@ -97,13 +99,26 @@ class TrainStep:
                    schedule=instantiate("scheduler", cfg.scheduler), batch_size=cfg.data.batch_size,
                    total_steps=total_steps, input_shape=(3, size, size), mix=mix, task=task or build_task(cfg))
 
+    @property
+    def precision(self) -> str:
+        """The resolved precision: bf16 | fp16 | fp32."""
+        return self.auto.value
+
+    def settle_precision(self) -> None:
+        """auto on a CPU with native bf16: bf16 or fp32 measured on a copy of the model (precision.RunPrecision), by
+        every rank at once; run after a resume and before the loader's workers compete for the cores, else by the
+        first step."""
+        if self.auto.pending:
+            shape = (min(self.micro_batch.size, precision.PROBE_BATCH), *self.input_shape)
+            self.auto.settle(self.model, shape, self.channels_last)
+
     def plan_schedule(self, step: int) -> torch.optim.lr_scheduler.LRScheduler:
         """The schedule over `total_steps`, positioned at `step` (0: a new run; else the optimizer was restored)."""
         return self.make_scheduler(self.optimizer, total_steps=self.total_steps, last_epoch=step - 1)
 
     def stateful(self) -> dict:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler,
-                "micro_batch": self.micro_batch}
+                "micro_batch": self.micro_batch, "precision": self.auto}
 
     def load_scaler(self, state: dict) -> None:
         """A GradScaler state from any run (precision.load_scaler)."""
@@ -135,6 +150,7 @@ class TrainStep:
     def __call__(self, batch: Batch, where: tuple[int, int] = (0, 0)) -> tuple[torch.Tensor, bool]:
         """Train on one batch, `where` = (epoch, batch in epoch) seeds the batch mix; returns its mean loss
         (detached, not synced) and whether the optimizer stepped."""
+        self.settle_precision()
         if not len(batch) and not self.distributed:  # no readable sample, no other rank to keep in step
             return torch.zeros((), device=self.device), False
         self.micro += 1
