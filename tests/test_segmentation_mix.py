@@ -138,11 +138,11 @@ def test_a_truncated_first_jpeg_is_skipped_at_build_and_a_source_with_none_reada
         path = broken / "JPEGImages" / f"{name}.jpg"
         path.write_bytes(path.read_bytes()[:100])
     message = one_line_error(sources(voc, voc_shards, tmp_path / "cache", broken=entry), tmp_path)
-    assert message.startswith(f"dataset.sources.broken: none of its first 3 samples can be read (the first, {first} "
+    assert message.startswith(f"dataset.sources.broken: none of its first 3 samples reads (the first, {first} "
                               "(sample 0): "), message
-    assert "replace or remove the broken files" in message
+    assert "a broken file, or the dataset's own reading" in message
     with pytest.raises(ConfigError, match=rf"^dataset\._target_=train\.data\.voc\.VOCSegmentation: none of its first "
-                                          rf"3 samples can be read \(the first, {re.escape(str(first))} "):
+                                          rf"3 samples reads \(the first, {re.escape(str(first))} "):
         build_sources(plain.dataset, plain.data, Segmentation())
 
 

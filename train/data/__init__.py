@@ -30,7 +30,7 @@ from train.data.loader.stateful import shutdown_workers
 from train.data.loader.stream import TrainStream, build_train_stream, train_loader
 from train.data.masks import as_mask
 from train.data.samples import Samples
-from train.data.source import Offers, Source, check_sources, sample_name
+from train.data.source import Offers, Source, check_sources, first_readable, sample_name
 from train.data.transforms import resize_size
 from train.dist import DistEnv
 from train.errors import ConfigError
@@ -167,7 +167,7 @@ def _sample_cache(data, train: Source) -> SharedSampleCache | None:
     if Offers.of(train).decoded:
         raise ConfigError(f"data.cache_bytes={data.cache_bytes}: the sample cache is for datasets that decode "
                           f"({type(train).__name__} stores decoded images already): set it to 0")
-    if as_mask(train[0][1]) is not None:
+    if as_mask(first_readable("dataset", train, train.__getitem__)[1][1]) is not None:
         raise ConfigError(f"data.cache_bytes={data.cache_bytes}: the sample cache keeps images alone, not their "
                           "masks: set it to 0 for segmentation")
     problem = check_shm(data.cache_bytes)

@@ -48,14 +48,17 @@ def decode_mask(data: bytes) -> torch.Tensor:
 def check_crcs(data: bytes) -> None:
     """ValueError unless every chunk of a PNG, up to IEND, has the CRC it was written with. torchvision 0.29's
     decode_png kills the process (a segfault inside libpng's error path) on damaged pixel data, where a worker should
-    skip the sample; the format's own CRCs catch a damaged or cut-short file first, at ~2 us a mask. A file written
-    damaged with valid CRCs can still crash its worker: the loader then fails the run in one line, never hangs."""
+    skip the sample; the format's own CRCs catch a damaged or cut-short file first (one without its IEND too, which
+    PIL would read), at ~2 us a mask. A file written damaged with valid CRCs can still crash its worker: the loader
+    then fails the run in one line, never hangs."""
     pos = len(PNG_SIGNATURE)
     while pos + 12 <= len(data):
         length, kind = int.from_bytes(data[pos:pos + 4], "big"), data[pos + 4:pos + 8]
         end = pos + 8 + length
-        if end + 4 > len(data) or zlib.crc32(data[pos + 4:end]) != int.from_bytes(data[end:end + 4], "big"):
-            raise ValueError(f"a damaged PNG: its {kind.decode('latin-1')} chunk's CRC does not match its data")
+        if end + 4 > len(data):
+            raise ValueError(f"a damaged PNG: cut short inside its {ascii(kind)[2:-1]} chunk")
+        if zlib.crc32(data[pos + 4:end]) != int.from_bytes(data[end:end + 4], "big"):
+            raise ValueError(f"a damaged PNG: its {ascii(kind)[2:-1]} chunk's CRC does not match its data")
         if kind == b"IEND":
             return
         pos = end + 4

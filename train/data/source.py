@@ -135,23 +135,29 @@ def check_sources(target: str, train: Source, val: Source, task) -> None:
 def check_first(key: str, source: Source, read, what: str, task, unreadable=UNREADABLE) -> bool:
     """The first sample `read` (index -> sample) can read of `source`'s first TRIES, checked for `task`; whether its
     target is a mask. One line naming `key` when none reads or the sample is not what the task trains on."""
+    index, sample = first_readable(key, source, read, unreadable)
+    try:
+        image, target = sample[:2]
+        as_uint8_tensor(image)
+        task.check_target(target)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{key}: {what.format(index)} must be (image, {task.target_name}) with a PIL image or "
+                          f"a uint8 CHW tensor and {task.target_doc} ({err})") from err
+    return as_mask(target) is not None
+
+
+def first_readable(key: str, source: Source, read, unreadable=UNREADABLE) -> tuple[int, Any]:
+    """(index, sample) of the first of `source`'s first TRIES samples that `read` reads (training skips an
+    unreadable one too); one line naming `key` and the first failure when none does."""
     tries, why = min(TRIES, len(source)), ""
     for index in range(tries):
         try:
-            try:
-                image, target = read(index)[:2]
-            except ConfigError:  # the source's own one line (a shard that cannot be had)
-                raise
-            except unreadable as err:  # a bad sample, which training skips too: the next one
-                why = why or f"{sample_name(source, index)}: {first_line(err).removeprefix(f'{key}: ')}"
-                continue
-            as_uint8_tensor(image)
-            task.check_target(target)
-            return as_mask(target) is not None
-        except ConfigError:
+            return index, read(index)
+        except ConfigError:  # the source's own one line (a shard that cannot be had)
             raise
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"{key}: {what.format(index)} must be (image, {task.target_name}) with a PIL image or "
-                              f"a uint8 CHW tensor and {task.target_doc} ({err})") from err
-    raise ConfigError(f"{key}: none of its first {tries} samples can be read (the first, {why}): replace or remove the "
-                      "broken files, or point its root at the images it should hold")
+        except unreadable as err:
+            why = why or f"{sample_name(source, index)}: {first_line(err).removeprefix(f'{key}: ')}"
+    raise ConfigError(f"{key}: none of its first {tries} samples reads (the first, {why}): a broken file, or the "
+                      "dataset's own reading; fix it, or point the root at the images it should hold")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import math
+import platform
 from collections.abc import Sequence
 
 import numpy as np
@@ -69,6 +70,11 @@ def decoded_box(image: torch.Tensor, stored: tuple[int, int],
             max(1, round(box[3] * ratio_w)))
 
 
+# torchvision's own test for its native uint8 bilinear resize (v2 resize_image): AVX2 / AVX512 x86, or ARM
+NATIVE_UINT8_BILINEAR = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") \
+    or platform.machine() in ("aarch64", "arm64")
+
+
 def crop_block(image: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:
     """`box` (top, left, height, width) of `image` (C, H, W) copied into its own HWC block (C, H, W as a view):
     torchvision's uint8 resize runs its SIMD kernel on a channels-last block as it is, but repacks a strided view
@@ -81,9 +87,10 @@ def crop_resize(image: torch.Tensor, box: tuple[int, int, int, int], out: Sequen
                 interpolation=F.InterpolationMode.BILINEAR, antialias: bool = True) -> torch.Tensor:
     """F.resized_crop(image, *box, out, ...) for a uint8 (C, H, W) image, the same pixels, through `crop_block`:
     the crop-aware decode and the whole-decode RandomResizedCrop (transforms.py) both crop + resize here. Bilinear
-    calls the kernel F.resize would call without its dispatch, a third of the time on a 64 px crop."""
+    calls the kernel F.resize would call without its dispatch, a third of the time on a 64 px crop, where F.resize
+    resizes uint8 natively (NATIVE_UINT8_BILINEAR; elsewhere it goes through float, so F.resize it is)."""
     block = crop_block(image, box)
-    if interpolation == F.InterpolationMode.BILINEAR and list(out) != list(block.shape[-2:]):
+    if NATIVE_UINT8_BILINEAR and interpolation == F.InterpolationMode.BILINEAR and list(out) != list(block.shape[-2:]):
         batch = block.permute(1, 2, 0)[None].permute(0, 3, 1, 2)  # a view whose batch stride lets the output stay HWC
         return torch.nn.functional.interpolate(batch, list(out), mode="bilinear", align_corners=False,
                                                antialias=antialias)[0]
