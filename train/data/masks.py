@@ -15,14 +15,10 @@ import zlib
 import numpy as np
 import torch
 from PIL import Image
+from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as F
 
 from train.data.geometry import resized_size
-
-try:  # libpng keeps palette indices at about half PIL's cost; deprecated in torchvision 0.29, and torchcodec's
-    from torchvision.io import decode_png  # decode_png expands palettes to RGB: PIL serves where it is gone
-except ImportError:  # pragma: no cover
-    decode_png = None
 
 IGNORE_INDEX = 255  # the value a mask gives pixels no class is scored on (borders, "difficult" regions)
 MASK_MODES = ("P", "L")
@@ -32,12 +28,12 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def decode_mask(data: bytes) -> torch.Tensor:
     """A PNG mask's bytes as a uint8 (H, W) class map; ValueError for a mode that holds no class indices (RGB) and
     for a damaged file. An 8-bit palette or grayscale PNG (IHDR bit depth 8, colour type 3 or 0) goes through libpng
-    once its chunks' CRCs hold (`check_crcs`); 1-4-bit indices (which decode_png stretches to 0-255) and anything else
-    through PIL."""
-    if decode_png is not None and len(data) > 25 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
+    once its chunks' CRCs hold (`check_crcs`): torchvision's decode_image, unchanged, keeps palette indices at about
+    half PIL's cost; 1-4-bit indices (which libpng stretches to 0-255) and anything else through PIL."""
+    if len(data) > 25 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
             and data[24] == 8 and data[25] in (0, 3):
         check_crcs(data)
-        return decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8))[0]
+        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.UNCHANGED)[0]
     with Image.open(io.BytesIO(data), formats=("PNG",)) as image:  # PNG alone: probing formats costs more than it
         if image.mode not in MASK_MODES:
             raise ValueError(f"a mask must be a palette (P) or grayscale (L) PNG of class indices, not mode "
@@ -47,7 +43,7 @@ def decode_mask(data: bytes) -> torch.Tensor:
 
 def check_crcs(data: bytes) -> None:
     """ValueError unless every chunk of a PNG, up to IEND, has the CRC it was written with. torchvision 0.29's
-    decode_png kills the process (a segfault inside libpng's error path) on damaged pixel data, where a worker should
+    PNG decode kills the process (a segfault inside libpng's error path) on damaged pixel data, where a worker should
     skip the sample; the format's own CRCs catch a damaged or cut-short file first (one without its IEND too, which
     PIL would read), at ~2 us a mask. A file written damaged with valid CRCs can still crash its worker: the loader
     then fails the run in one line, never hangs."""
