@@ -4,6 +4,7 @@ a resume), the old keys refused, the LR schedule held on a step fp16 skips, and 
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 
@@ -22,6 +23,7 @@ from train.loop.engine import Trainer
 from train.loop.model import build_model
 from train.loop.precision import MEASURE_MIN_STEPS, RunPrecision, choose, cpu_flags, measure, resolve
 from train.loop.step import TrainStep
+from train.tune.measure import PRECISION_FILE, settle_once
 
 CPU = torch.device("cpu")
 NATIVE = {"avx512f", "avx512_bf16"}  # a CPU with native bf16, whatever this one has
@@ -135,19 +137,26 @@ def test_fp32_only_where_it_is_clearly_faster_on_a_step_long_enough_to_tell():
     assert choose(bf16=0.130, fp32=0.110) == "fp32"  # lraspp_mobilenet_v3_large at 64 px on an EPYC
     assert choose(bf16=0.070, fp32=0.100) == "bf16" and choose(bf16=0.105, fp32=0.100) == "bf16"  # within noise
     assert choose(bf16=0.0008, fp32=0.0006) == "bf16"  # a tiny net: dispatch, not arithmetic
-    assert choose(bf16=0.26, fp32=0.22, ranks=2) == "fp32" and choose(bf16=0.012, fp32=0.009, ranks=2) == "bf16"
 
 
-def test_only_auto_training_long_enough_on_a_native_bf16_cpu_measures():
-    steps = MEASURE_MIN_STEPS
+def test_whether_a_run_measures_depends_on_its_config_alone(caplog):
+    """Every rank of a run must agree on entering the measurement's all-reduce, whatever its own CPU's flags."""
+    caplog.set_level(logging.INFO)
+    steps = MEASURE_MIN_STEPS + 1
     waiting = RunPrecision("auto", CPU, steps=steps, flags=NATIVE)
     assert waiting.pending and waiting.value == "bf16"
-    for chosen, run in (("fp32", RunPrecision("auto", CPU, steps=steps, flags={"avx2", "avx512f"})),
-                        ("bf16", RunPrecision("auto", CPU, steps=steps - 1, flags=NATIVE)),  # too short to repay it
+    plain = RunPrecision("auto", CPU, steps=steps, flags={"avx2", "avx512f"})
+    assert plain.pending and plain.value == "fp32"  # joins the vote, without measuring (below)
+    for chosen, run in (("bf16", RunPrecision("auto", CPU, steps=MEASURE_MIN_STEPS, flags=NATIVE)),  # debug=default
                         ("bf16", RunPrecision("auto", CPU, steps=steps, flags=NATIVE, training=False)),  # validate
+                        ("fp32", RunPrecision("auto", CPU, steps=steps, flags=set(), deterministic=True)),
                         ("fp32", RunPrecision("fp32", CPU, steps=steps, flags=NATIVE)),
                         ("bf16", RunPrecision("bf16", CPU, steps=steps, flags=set()))):
         assert not run.pending and run.value == chosen
+    caplog.clear()
+    repeatable = RunPrecision("auto", CPU, steps=steps, flags=NATIVE, deterministic=True)
+    assert not repeatable.pending and repeatable.value == "bf16"
+    assert caplog.text.count("precision: bf16") == 1 and "trainer.deterministic=true" in caplog.text
 
 
 def test_auto_on_a_cpu_without_native_bf16_is_fp32_without_measuring(caplog):
@@ -157,6 +166,42 @@ def test_auto_on_a_cpu_without_native_bf16_is_fp32_without_measuring(caplog):
     run = RunPrecision("auto", CPU, steps=10**6, flags={"avx2", "avx512f"})
     assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls == []
     assert "no avx512_bf16 or amx_bf16 on this CPU" in caplog.text and "measured" not in caplog.text
+    assert run.state_dict() == {"precision": "fp32", "measured": True}
+
+
+def other_rank(monkeypatch, *vector: float) -> None:
+    """The measurement's all-reduce as a 2-rank run would see it: this rank's vector plus another's
+    [bf16 s, fp32 s, 1, native, over the cap]."""
+    monkeypatch.setattr("train.loop.precision.all_reduce_sum",
+                        lambda values, device: [mine + theirs for mine, theirs in zip(values, vector, strict=True)])
+
+
+def test_a_rank_without_native_bf16_makes_every_rank_take_fp32(monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    other_rank(monkeypatch, 0.0, 0.0, 1.0, 0.0, 0.0)
+    model = SegmentationLike()
+    calls = counted(model)
+    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
+    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls  # this rank measured
+    assert "no avx512_bf16 or amx_bf16 on the CPU of 1 of 2 ranks" in caplog.text
+
+
+def test_the_ranks_mean_times_decide(monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    other_rank(monkeypatch, 30.0, 10.0, 1.0, 1.0, 0.0)  # the other rank: fp32 far faster, so the mean is too
+    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
+    assert run.settle(SegmentationLike(), (4, 3, 16, 16), channels_last=False) == "fp32"
+    assert "mean over 2 rank(s)" in caplog.text and run.state_dict() == {"precision": "fp32", "measured": True}
+
+
+def test_a_warm_up_step_over_the_cap_keeps_bf16_without_timing_more(caplog):
+    caplog.set_level(logging.INFO)
+    model = SegmentationLike()
+    calls = counted(model)
+    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
+    run.cap_s = 0.0  # every step is over it
+    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "bf16" and len(calls) == 1
+    assert "not measured against fp32: a warm-up forward + backward of 4x3x16x16 took over 0 s" in caplog.text
 
 
 def small_trainer(tiny_dataset, run_dir) -> Trainer:
@@ -190,7 +235,7 @@ def test_the_first_step_measures_once_the_checkpoint_records_it_and_a_resume_kee
     assert caplog.text.count("measured on this model") == 1
     trainer.save()
     state = checkpoint.load(trainer.checkpoint_path)
-    assert state["precision"] == {"precision": trainer.step.precision}
+    assert state["precision"] == {"precision": trainer.step.precision, "measured": True}
 
     other = "fp32" if trainer.step.precision == "bf16" else "bf16"  # whatever this run would measure, the record wins
     trainer.step.auto.value = other
@@ -199,7 +244,7 @@ def test_the_first_step_measures_once_the_checkpoint_records_it_and_a_resume_kee
     resumed = small_trainer(tiny_dataset, tmp_path)
     resumed.resume(trainer.checkpoint_path)
     assert resumed.step.precision == other and not resumed.step.auto.pending
-    assert "the checkpoint's run trained in it; not measured again" in caplog.text
+    assert "measured by the checkpoint's run; not measured again" in caplog.text
     resumed.step(one_batch())
     assert "measured on this model" not in caplog.text
 
@@ -216,3 +261,72 @@ def test_a_checkpoint_from_before_the_record_measures_as_a_new_run(tiny_dataset,
     assert resumed.step.auto.pending and resumed.step.precision == "bf16"
     resumed.step(one_batch())
     assert not resumed.step.auto.pending
+
+
+def test_an_unmeasured_record_is_measured_again(tiny_dataset, tmp_path):
+    """A smoke run's bf16 (too short to measure) or a record without the flag does not stand for a measurement."""
+    trainer = small_trainer(tiny_dataset, tmp_path)
+    for record in ({"precision": "fp32", "measured": False}, {"precision": "fp32"}):
+        trainer.step.auto.load_state_dict(record)
+        assert trainer.step.auto.pending and trainer.step.precision == "bf16"
+
+
+def test_validate_evaluates_in_the_precision_the_checkpoint_measured(tiny_dataset, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    trainer = small_trainer(tiny_dataset, tmp_path)
+    trainer.step.auto.adopt("fp32", "a test")
+    trainer.save()
+    (tmp_path / "validate").mkdir()
+    validating = small_trainer(tiny_dataset, tmp_path / "validate")
+    validating.step.auto = RunPrecision("auto", CPU, steps=10**6, training=False, flags=NATIVE)
+    assert validating.step.precision == "bf16"
+    record = validating.validate(trainer.checkpoint_path)
+    assert validating.step.precision == "fp32" and record["val_samples"] > 0
+    assert "precision: fp32 (trainer.precision=auto: measured by the checkpoint's run" in caplog.text
+
+
+def test_a_tune_sweep_measures_once_per_model_and_every_job_trains_in_it(tiny_dataset, tmp_path):
+    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+                          "model._target_=tests.tiny_net.TinyNet"])
+    chosen, forwards = [], []
+    for _ in range(2):
+        model = build_model(cfg.model, 10, CPU, channels_last=True)
+        forwards.append(counted(model))
+        step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=100)
+        step.auto = RunPrecision("auto", CPU, steps=100, flags=NATIVE)
+        chosen.append(settle_once(step, cfg, tmp_path))
+    assert chosen[0] == chosen[1] in ("bf16", "fp32") and len(forwards[0]) == 6 and forwards[1] == []
+    assert list(json.loads((tmp_path / PRECISION_FILE).read_text()).values()) == [chosen[0]]
+
+
+def _settle_on_a_rank(rank: int, init: str, out: str) -> None:
+    """One rank of a 2-process gloo group: rank 0's CPU told it has native bf16, rank 1's that it has none."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE if rank == 0 else {"avx2"})
+        chosen = run.settle(SegmentationLike(), (4, 3, 16, 16), channels_last=False)
+        with open(f"{out}.{rank}", "w") as f:
+            f.write(chosen)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_with_and_without_native_bf16_meet_in_one_all_reduce_and_take_fp32(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    init, out = f"file://{tmp_path / 'store'}", str(tmp_path / "chosen")
+    ranks = [context.Process(target=_settle_on_a_rank, args=(rank, init, out)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=60)  # a rank left alone in the all-reduce would wait here
+    hung = [process.pid for process in ranks if process.is_alive()]
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+    assert not hung and [process.exitcode for process in ranks] == [0, 0]
+    assert [(tmp_path / f"chosen.{rank}").read_text() for rank in range(2)] == ["fp32", "fp32"]

@@ -7,6 +7,7 @@ caching allocator and report a failed allocation as a plain RuntimeError, so tho
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -68,6 +69,19 @@ class MicroBatch:
         if 1 <= size < self.size:
             log.info("trainer.micro_batch_size=auto: %d samples per slice (another rank ran out of memory)", size)
             self.size = size
+
+    def recover(self, device: torch.device, batch_size: int, optimizer: torch.optim.Optimizer, mid_sync: bool) -> None:
+        """After a step ran out of memory: with auto free the step's state (its gradients so far are dropped) and
+        halve the slice, so the caller runs the batch again; otherwise (or `mid_sync`, where other ranks already wait
+        in the gradient all-reduce) raise `OutOfMemory`, one line with the sizes and the fix."""
+        if not self.auto or mid_sync or not self.halve():
+            raise OutOfMemory(device, batch_size, self.size, self.auto) from None
+        optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        log.warning("out of memory with micro-batches of %d: trying %d (trainer.micro_batch_size=auto)",
+                    self.size * 2, self.size)
 
     def state_dict(self) -> dict:
         return {"size": self.size}

@@ -16,7 +16,6 @@ training normalises each slice by the slice's own statistics: exact only without
 
 from __future__ import annotations
 
-import gc
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ from train.errors import Diverged
 from train.loop import precision
 from train.loop.compiled import CompiledModel
 from train.loop.config import TrainerConfig
-from train.loop.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory
+from train.loop.micro_batch import MicroBatch, is_out_of_memory
 from train.loop.nonfinite import SCALE_FLOOR, NonFiniteWatch
 from train.task import Classification, Task, build_task
 
@@ -59,7 +58,8 @@ class TrainStep:
         self.input_shape = input_shape
         self.distributed = env.distributed
         steps = min(self.total_steps, tc.max_steps or self.total_steps)
-        self.auto = precision.RunPrecision(tc.precision, device, steps=steps, training=tc.mode == "train")
+        self.auto = precision.RunPrecision(tc.precision, device, steps=steps, training=tc.mode == "train",
+                                           deterministic=tc.deterministic)
         self.channels_last = tc.channels_last
         if self.precision == "fp32":
             precision.allow_tf32(device)
@@ -104,13 +104,13 @@ class TrainStep:
         """The resolved precision: bf16 | fp16 | fp32."""
         return self.auto.value
 
-    def settle_precision(self) -> None:
-        """auto on a CPU with native bf16: bf16 or fp32 measured on a copy of the model (precision.RunPrecision), by
-        every rank at once; run after a resume and before the loader's workers compete for the cores, else by the
-        first step."""
+    def settle_precision(self) -> str:
+        """auto on a CPU: bf16 or fp32 measured on a copy of the model (precision.RunPrecision), by every rank at
+        once; run after a resume and before the loader's workers compete for the cores, else by the first step."""
         if self.auto.pending:
             shape = (min(self.micro_batch.size, precision.PROBE_BATCH), *self.input_shape)
             self.auto.settle(self.model, shape, self.channels_last)
+        return self.precision
 
     def plan_schedule(self, step: int) -> torch.optim.lr_scheduler.LRScheduler:
         """The schedule over `total_steps`, positioned at `step` (0: a new run; else the optimizer was restored)."""
@@ -165,7 +165,8 @@ class TrainStep:
             except RuntimeError as err:  # handled outside the except block: the failed step's tensors can go
                 if not is_out_of_memory(err):  # torch's OutOfMemoryError, cuDNN's or cuBLAS's failed allocation
                     raise
-            self._recover(len(batch))
+            mid_sync, self._syncing = self._syncing, False
+            self.micro_batch.recover(self.device, len(batch), self.optimizer, mid_sync)
         # fp16: an overflow is the GradScaler's to skip; skip: the update checks its gradients
         self.watch.note(loss, flag=self.precision != "fp16" and not self.skip_nonfinite)
         if update:
@@ -186,20 +187,6 @@ class TrainStep:
             self._syncing = False
             loss_sum += loss.detach() * x.shape[0]
         return loss_sum / total
-
-    def _recover(self, batch_size: int) -> None:
-        """After running out of memory: with trainer.micro_batch_size=auto free the step's state, halve the slice
-        and let the caller run the batch again; otherwise (or mid gradient sync, where other ranks already wait in
-        the all-reduce) raise `OutOfMemory`, one line with the sizes and the fix."""
-        mid_sync, self._syncing = self._syncing, False
-        if not self.micro_batch.auto or mid_sync or not self.micro_batch.halve():
-            raise OutOfMemory(self.device, batch_size, self.micro_batch.size, self.micro_batch.auto) from None
-        self.optimizer.zero_grad(set_to_none=True)  # this accumulation's gradients so far are dropped
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        log.warning("out of memory with micro-batches of %d: trying %d (trainer.micro_batch_size=auto)",
-                    self.micro_batch.size * 2, self.micro_batch.size)
 
     def _optimizer_step(self) -> None:
         self.grad_norm = self._clip()

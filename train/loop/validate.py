@@ -20,6 +20,8 @@ def validate_checkpoint(trainer: Trainer, path: Path) -> dict:
     """The checkpoint at `path` loaded into `trainer`'s model and evaluated by it; rank 0 writes the row."""
     state = checkpoint.load(path)
     checkpoint.load_model(trainer.step.model, state, path, trainer.model_name)
+    if "precision" in state:  # auto on a bf16 CPU evaluates in the precision the run measured and trained in
+        trainer.step.auto.load_state_dict(state["precision"])
     record = {"mode": "validate", "checkpoint": str(path), "epoch": state["progress"]["epoch"], **trainer.evaluate()}
     if trainer.env.is_main:
         append_jsonl(trainer.metrics_path, record)

@@ -63,7 +63,7 @@ def faster_step(trainer) -> tuple[str, ...]:
     options = []
     if trainer is not None:
         if str(trainer.precision) == "fp32":
-            options.append("trainer.precision=auto (bf16 where the device runs it natively)")
+            options.append("trainer.precision=auto (bf16 where it is native and faster)")
         if not trainer.compile:
             options.append("trainer.compile=true")
         if not trainer.channels_last:

@@ -29,7 +29,8 @@ KEYS = {
     "trainer.epochs": "passes over the training set",
     "trainer.max_steps": "stop after this many optimizer steps (a short smoke run)",
     "trainer.device": "auto | cpu | cuda | cuda:N",
-    "trainer.precision": "auto | bf16 | fp16 | fp32 (auto: bf16 where the device runs it natively)",
+    "trainer.precision": "auto | bf16 | fp16 | fp32 (auto: bf16 on a GPU that runs it natively, else fp16; "
+                         "on a CPU with native bf16 the faster of bf16 and fp32, measured; else fp32)",
     "trainer.resume": "auto (this run dir's newest checkpoint; with hydra.run.dir=<run dir>) | a .pt path | null",
     "trainer.compile": "torch.compile the model",
     "trainer.seed": "the seed every random draw derives from",

@@ -35,6 +35,7 @@ from train.tune.config import validate_tune
 log = logging.getLogger("train.tune")
 
 RESULT_FILE = "result.json"
+PRECISION_FILE = "precision.json"  # trainer.precision=auto on a CPU: what the sweep's with-model jobs train in
 PROFILE_KEYS = {
     "data": ("batch_size", "image_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
              "in_order", "multiprocessing_context", "device_transforms"),
@@ -107,6 +108,24 @@ def find_duplicate(job_dir: Path, config: dict) -> int | None:
     return None
 
 
+def settle_once(step: TrainStep, cfg: DictConfig, sweep_dir: Path) -> str:
+    """trainer.precision=auto on a CPU: the precision measured once per sweep for each model and input (in
+    PRECISION_FILE, by the first job to train it, before its loader's workers start), so every job that trains the
+    model trains in the same precision and a job's timing does not include a measurement."""
+    if not step.auto.pending:
+        return step.precision
+    path = sweep_dir / PRECISION_FILE
+    key = json.dumps({"model": OmegaConf.to_container(cfg.model, resolve=True), "input": step.input_shape,
+                      "micro_batch": step.micro_batch.size, "channels_last": step.channels_last}, sort_keys=True)
+    chosen = json.loads(path.read_text()) if path.exists() else {}
+    if key in chosen:
+        step.auto.adopt(chosen[key], "an earlier job of this sweep")
+    else:
+        chosen[key] = step.settle_precision()
+        path.write_text(json.dumps(chosen, indent=2) + "\n")
+    return step.precision
+
+
 def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     """Build the data path from cfg and measure it; returns the job's result record."""
     notes = drop_worker_knobs(cfg)
@@ -146,6 +165,7 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
                             channels_last=cfg.trainer.channels_last)
         step = TrainStep.from_config(cfg, env, device, model, total_steps=tune.repeats * len(loader), task=task)
         step.ddp.train()
+        record["precision"] = settle_once(step, cfg, job_dir.parent)
     per_epoch = min(len(loader), tune.warmup_batches + (tune.batches or len(loader)))
     desc = f"job {job}: workers={num_workers} pin={pin_memory} persistent={cfg.data.persistent_workers}"
     bar = progress_bar(tune.repeats * per_epoch, desc, cfg.trainer.progress, leave=False)
