@@ -19,9 +19,10 @@ from train.data.loader.batch import Batch
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.loop import checkpoint
+from train.loop.cpu_precision import MEASURE_MIN_STEPS, RunPrecision, choose, measure
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.loop.precision import MEASURE_MIN_STEPS, RunPrecision, choose, cpu_flags, measure, resolve
+from train.loop.precision import cpu_flags, resolve
 from train.loop.step import TrainStep
 from train.tune.measure import PRECISION_FILE, settle_once
 
@@ -166,42 +167,78 @@ def test_auto_on_a_cpu_without_native_bf16_is_fp32_without_measuring(caplog):
     run = RunPrecision("auto", CPU, steps=10**6, flags={"avx2", "avx512f"})
     assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls == []
     assert "no avx512_bf16 or amx_bf16 on this CPU" in caplog.text and "measured" not in caplog.text
-    assert run.state_dict() == {"precision": "fp32", "measured": True}
+    assert run.state_dict() == {"precision": "fp32", "measured": False}  # not a timing: a resume votes again
+
+
+def test_a_measured_bf16_record_on_a_cpu_without_native_bf16_gives_fp32(caplog):
+    """Emulated bf16 is slower than fp32: a checkpoint's bf16 does not carry onto such a CPU, voting or not."""
+    caplog.set_level(logging.INFO)
+    model = SegmentationLike()
+    calls = counted(model)
+    bf16_record = {"precision": "bf16", "measured": True}
+    run = RunPrecision("auto", CPU, steps=10**6, flags={"avx2"})
+    run.load_state_dict(bf16_record)
+    assert run.pending  # the vote runs whatever the checkpoint says
+    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls == []
+    assert run.state_dict() == {"precision": "fp32", "measured": False}
+    for quiet in (RunPrecision("auto", CPU, steps=10**6, flags={"avx2"}, deterministic=True),
+                  RunPrecision("auto", CPU, steps=10**6, flags={"avx2"}, training=False)):
+        quiet.load_state_dict(bf16_record)
+        assert quiet.value == "fp32" and not quiet.measured
 
 
 def other_rank(monkeypatch, *vector: float) -> None:
     """The measurement's all-reduce as a 2-rank run would see it: this rank's vector plus another's
-    [bf16 s, fp32 s, 1, native, over the cap]."""
-    monkeypatch.setattr("train.loop.precision.all_reduce_sum",
+    [bf16 s, fp32 s, timed, native, 1, over the cap, fp32 record, bf16 record]."""
+    monkeypatch.setattr("train.loop.cpu_precision.all_reduce_sum",
                         lambda values, device: [mine + theirs for mine, theirs in zip(values, vector, strict=True)])
 
 
 def test_a_rank_without_native_bf16_makes_every_rank_take_fp32(monkeypatch, caplog):
     caplog.set_level(logging.INFO)
-    other_rank(monkeypatch, 0.0, 0.0, 1.0, 0.0, 0.0)
+    other_rank(monkeypatch, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
     model = SegmentationLike()
     calls = counted(model)
     run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
     assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls  # this rank measured
-    assert "no avx512_bf16 or amx_bf16 on the CPU of 1 of 2 ranks" in caplog.text
+    assert "no avx512_bf16 or amx_bf16 on the CPU of 1 of 2 ranks" in caplog.text and not run.measured
 
 
 def test_the_ranks_mean_times_decide(monkeypatch, caplog):
     caplog.set_level(logging.INFO)
-    other_rank(monkeypatch, 30.0, 10.0, 1.0, 1.0, 0.0)  # the other rank: fp32 far faster, so the mean is too
+    other_rank(monkeypatch, 30.0, 10.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)  # the other: fp32 far faster, so the mean
     run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
     assert run.settle(SegmentationLike(), (4, 3, 16, 16), channels_last=False) == "fp32"
     assert "mean over 2 rank(s)" in caplog.text and run.state_dict() == {"precision": "fp32", "measured": True}
 
 
-def test_a_warm_up_step_over_the_cap_keeps_bf16_without_timing_more(caplog):
+def test_a_warm_up_step_over_the_cap_keeps_bf16_without_timing_more(monkeypatch, caplog):
     caplog.set_level(logging.INFO)
+    monkeypatch.setattr("train.loop.cpu_precision.MEASURE_CAP_S", 0.0)  # every step is over it
     model = SegmentationLike()
     calls = counted(model)
     run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
-    run.cap_s = 0.0  # every step is over it
     assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "bf16" and len(calls) == 1
+    assert not run.measured  # a resume measures again
     assert "not measured against fp32: a warm-up forward + backward of 4x3x16x16 took over 0 s" in caplog.text
+
+
+def test_a_rank_with_a_record_and_one_without_meet_in_the_vote_and_take_the_record(monkeypatch, caplog):
+    """Ranks may load different checkpoints: each votes, the one with a record does not time, the record decides."""
+    caplog.set_level(logging.INFO)
+    other_rank(monkeypatch, 0.3, 0.1, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)  # the other timed: fp32 far faster
+    model = SegmentationLike()
+    calls = counted(model)
+    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
+    run.load_state_dict({"precision": "bf16", "measured": True})
+    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "bf16" and calls == []
+    assert run.measured and "measured by the checkpoint's run; not measured again" in caplog.text
+    other_rank(monkeypatch, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0)  # the other's record says fp32
+    model = SegmentationLike()
+    calls = counted(model)
+    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
+    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls  # this rank timed
+    assert run.measured and "measured by another rank's checkpoint" in caplog.text
 
 
 def small_trainer(tiny_dataset, run_dir) -> Trainer:
@@ -243,9 +280,10 @@ def test_the_first_step_measures_once_the_checkpoint_records_it_and_a_resume_kee
     caplog.clear()
     resumed = small_trainer(tiny_dataset, tmp_path)
     resumed.resume(trainer.checkpoint_path)
-    assert resumed.step.precision == other and not resumed.step.auto.pending
-    assert "measured by the checkpoint's run; not measured again" in caplog.text
+    assert resumed.step.auto.pending  # the vote still runs: another rank's CPU may lack native bf16
     resumed.step(one_batch())
+    assert resumed.step.precision == other and resumed.step.auto.measured
+    assert "measured by the checkpoint's run; not measured again" in caplog.text
     assert "measured on this model" not in caplog.text
 
 
@@ -268,44 +306,72 @@ def test_an_unmeasured_record_is_measured_again(tiny_dataset, tmp_path):
     trainer = small_trainer(tiny_dataset, tmp_path)
     for record in ({"precision": "fp32", "measured": False}, {"precision": "fp32"}):
         trainer.step.auto.load_state_dict(record)
-        assert trainer.step.auto.pending and trainer.step.precision == "bf16"
+        assert trainer.step.auto.pending and trainer.step.auto.record is None and trainer.step.precision == "bf16"
 
 
 def test_validate_evaluates_in_the_precision_the_checkpoint_measured(tiny_dataset, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     trainer = small_trainer(tiny_dataset, tmp_path)
     trainer.step.auto.adopt("fp32", "a test")
+    assert trainer.step.settle_precision() == "fp32" and trainer.step.auto.measured
     trainer.save()
     (tmp_path / "validate").mkdir()
     validating = small_trainer(tiny_dataset, tmp_path / "validate")
     validating.step.auto = RunPrecision("auto", CPU, steps=10**6, training=False, flags=NATIVE)
     assert validating.step.precision == "bf16"
     record = validating.validate(trainer.checkpoint_path)
-    assert validating.step.precision == "fp32" and record["val_samples"] > 0
+    assert validating.step.precision == record["precision"] == "fp32" and record["val_samples"] > 0
     assert "precision: fp32 (trainer.precision=auto: measured by the checkpoint's run" in caplog.text
+    assert read_metrics(tmp_path / "validate")[-1]["precision"] == "fp32"  # the row says what it evaluated in
 
 
 def test_a_tune_sweep_measures_once_per_model_and_every_job_trains_in_it(tiny_dataset, tmp_path):
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "model._target_=tests.tiny_net.TinyNet"])
-    chosen, forwards = [], []
-    for _ in range(2):
-        model = build_model(cfg.model, 10, CPU, channels_last=True)
-        forwards.append(counted(model))
+
+    def settled(outputs: int) -> tuple[str, list]:
+        model = build_model(cfg.model, outputs, CPU, channels_last=True)
+        forwards = counted(model)
         step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=100)
         step.auto = RunPrecision("auto", CPU, steps=100, flags=NATIVE)
-        chosen.append(settle_once(step, cfg, tmp_path))
-    assert chosen[0] == chosen[1] in ("bf16", "fp32") and len(forwards[0]) == 6 and forwards[1] == []
-    assert list(json.loads((tmp_path / PRECISION_FILE).read_text()).values()) == [chosen[0]]
+        return settle_once(step, cfg, tmp_path, outputs), forwards
+
+    (first, forwards), (second, none) = settled(10), settled(10)
+    assert first == second in ("bf16", "fp32") and len(forwards) == 6 and none == []
+    assert list(json.loads((tmp_path / PRECISION_FILE).read_text()).values()) == [first]
+    _, forwards = settled(7)  # another head is another model: measured on its own
+    assert len(forwards) == 6 and len(json.loads((tmp_path / PRECISION_FILE).read_text())) == 2
+    assert [path.name for path in tmp_path.iterdir()] == [PRECISION_FILE]  # no temporary file left
 
 
-def _settle_on_a_rank(rank: int, init: str, out: str) -> None:
-    """One rank of a 2-process gloo group: rank 0's CPU told it has native bf16, rank 1's that it has none."""
+@pytest.mark.parametrize("garbage", ['{"model": ', "[1, 2]", "\x00\xff"])
+def test_a_tune_precision_file_that_does_not_read_is_measured_again_and_rewritten(tiny_dataset, tmp_path, garbage):
+    cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
+                          "model._target_=tests.tiny_net.TinyNet"])
+    (tmp_path / PRECISION_FILE).write_bytes(garbage.encode("latin-1"))
+    step = TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU, channels_last=True),
+                                 total_steps=100)
+    step.auto = RunPrecision("auto", CPU, steps=100, flags=NATIVE)
+    chosen = settle_once(step, cfg, tmp_path, 10)
+    assert list(json.loads((tmp_path / PRECISION_FILE).read_text()).values()) == [chosen]
+
+
+RANKS = {  # each rank's CPU flags and checkpoint record
+    "native": (NATIVE, None), "plain": ({"avx2"}, None),
+    "bf16 record": (NATIVE, "bf16"), "fp32 record": (NATIVE, "fp32"),
+}
+
+
+def _settle_on_a_rank(rank: int, init: str, out: str, kinds: tuple[str, str]) -> None:
+    """One rank of a 2-process gloo group, its CPU flags and checkpoint record as RANKS[kinds[rank]] says."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
-        run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE if rank == 0 else {"avx2"})
+        flags, saved = RANKS[kinds[rank]]
+        run = RunPrecision("auto", CPU, steps=10**6, flags=flags)
+        if saved:
+            run.load_state_dict({"precision": saved, "measured": True})
         chosen = run.settle(SegmentationLike(), (4, 3, 16, 16), channels_last=False)
         with open(f"{out}.{rank}", "w") as f:
             f.write(chosen)
@@ -314,12 +380,15 @@ def _settle_on_a_rank(rank: int, init: str, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_two_ranks_with_and_without_native_bf16_meet_in_one_all_reduce_and_take_fp32(tmp_path):
+@pytest.mark.parametrize(("kinds", "expected"), [(("native", "plain"), "fp32"), (("bf16 record", "native"), "bf16"),
+                                                 (("bf16 record", "fp32 record"), "fp32"),
+                                                 (("bf16 record", "plain"), "fp32")])
+def test_ranks_with_and_without_native_bf16_or_a_record_meet_in_one_all_reduce(tmp_path, kinds, expected):
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
     init, out = f"file://{tmp_path / 'store'}", str(tmp_path / "chosen")
-    ranks = [context.Process(target=_settle_on_a_rank, args=(rank, init, out)) for rank in range(2)]
+    ranks = [context.Process(target=_settle_on_a_rank, args=(rank, init, out, kinds)) for rank in range(2)]
     for process in ranks:
         process.start()
     for process in ranks:
@@ -329,4 +398,4 @@ def test_two_ranks_with_and_without_native_bf16_meet_in_one_all_reduce_and_take_
         if process.is_alive():
             process.kill()
     assert not hung and [process.exitcode for process in ranks] == [0, 0]
-    assert [(tmp_path / f"chosen.{rank}").read_text() for rank in range(2)] == ["fp32", "fp32"]
+    assert [(tmp_path / f"chosen.{rank}").read_text() for rank in range(2)] == [expected, expected]

@@ -28,7 +28,7 @@ from train.build import instantiate
 from train.data.loader.batch import Batch
 from train.dist import DistEnv
 from train.errors import Diverged
-from train.loop import precision
+from train.loop import cpu_precision, precision
 from train.loop.compiled import CompiledModel
 from train.loop.config import TrainerConfig
 from train.loop.micro_batch import MicroBatch, is_out_of_memory
@@ -58,7 +58,7 @@ class TrainStep:
         self.input_shape = input_shape
         self.distributed = env.distributed
         steps = min(self.total_steps, tc.max_steps or self.total_steps)
-        self.auto = precision.RunPrecision(tc.precision, device, steps=steps, training=tc.mode == "train",
+        self.auto = cpu_precision.RunPrecision(tc.precision, device, steps=steps, training=tc.mode == "train",
                                            deterministic=tc.deterministic)
         self.channels_last = tc.channels_last
         if self.precision == "fp32":
@@ -105,10 +105,10 @@ class TrainStep:
         return self.auto.value
 
     def settle_precision(self) -> str:
-        """auto on a CPU: bf16 or fp32 measured on a copy of the model (precision.RunPrecision), by every rank at
+        """auto on a CPU: bf16 or fp32 measured on a copy of the model (cpu_precision.RunPrecision), by every rank at
         once; run after a resume and before the loader's workers compete for the cores, else by the first step."""
         if self.auto.pending:
-            shape = (min(self.micro_batch.size, precision.PROBE_BATCH), *self.input_shape)
+            shape = (min(self.micro_batch.size, cpu_precision.PROBE_BATCH), *self.input_shape)
             self.auto.settle(self.model, shape, self.channels_last)
         return self.precision
 

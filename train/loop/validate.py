@@ -22,10 +22,12 @@ def validate_checkpoint(trainer: Trainer, path: Path) -> dict:
     checkpoint.load_model(trainer.step.model, state, path, trainer.model_name)
     if "precision" in state:  # auto on a bf16 CPU evaluates in the precision the run measured and trained in
         trainer.step.auto.load_state_dict(state["precision"])
-    record = {"mode": "validate", "checkpoint": str(path), "epoch": state["progress"]["epoch"], **trainer.evaluate()}
+    # the row names the precision it evaluated in: run.json's, written before the checkpoint was read, may differ
+    record = {"mode": "validate", "checkpoint": str(path), "epoch": state["progress"]["epoch"],
+              "precision": trainer.step.precision, **trainer.evaluate()}
     if trainer.env.is_main:
         append_jsonl(trainer.metrics_path, record)
         figure = trainer.step.task.best[0]
-        log.info("validate %s: val_loss %.4f  %s %.3f on %d samples", path, record["val_loss"], figure,
-                 record[figure], record["val_samples"])
+        log.info("validate %s: val_loss %.4f  %s %.3f on %d samples in %s", path, record["val_loss"], figure,
+                 record[figure], record["val_samples"], record["precision"])
     return record

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import sys
 import warnings
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -108,21 +110,41 @@ def find_duplicate(job_dir: Path, config: dict) -> int | None:
     return None
 
 
-def settle_once(step: TrainStep, cfg: DictConfig, sweep_dir: Path) -> str:
+def precision_dir(job_dir: Path) -> Path:
+    """Where PRECISION_FILE lives: the sweep's dir for a Hydra multirun (its jobs share it), else the job's own."""
+    return job_dir.parent if HydraConfig.get().mode == RunMode.MULTIRUN else job_dir
+
+
+def read_choices(path: Path) -> dict:
+    """PRECISION_FILE's {key: precision}; {} where it is missing, unreadable or cut short (a job killed mid-write
+    before writes were atomic, an edit): the next job measures again."""
+    try:
+        chosen = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return chosen if isinstance(chosen, dict) else {}
+
+
+def settle_once(step: TrainStep, cfg: DictConfig, directory: Path, num_outputs: int) -> str:
     """trainer.precision=auto on a CPU: the precision measured once per sweep for each model and input (in
-    PRECISION_FILE, by the first job to train it, before its loader's workers start), so every job that trains the
-    model trains in the same precision and a job's timing does not include a measurement."""
+    `directory`'s PRECISION_FILE, by the first job to train it, before its loader's workers start), so every job
+    that trains the model trains in the same precision and a job's timing does not include a measurement. Only a
+    measured choice is written (a CPU without native bf16 or a capped warm-up costs no timing to redo)."""
     if not step.auto.pending:
         return step.precision
-    path = sweep_dir / PRECISION_FILE
-    key = json.dumps({"model": OmegaConf.to_container(cfg.model, resolve=True), "input": step.input_shape,
+    path = directory / PRECISION_FILE
+    key = json.dumps({"model": OmegaConf.to_container(cfg.model, resolve=True), "outputs": num_outputs,
+                      "dataset": cfg.dataset._target_, "input": step.input_shape,
                       "micro_batch": step.micro_batch.size, "channels_last": step.channels_last}, sort_keys=True)
-    chosen = json.loads(path.read_text()) if path.exists() else {}
-    if key in chosen:
+    chosen = read_choices(path)
+    if chosen.get(key) in ("bf16", "fp32"):
         step.auto.adopt(chosen[key], "an earlier job of this sweep")
-    else:
-        chosen[key] = step.settle_precision()
-        path.write_text(json.dumps(chosen, indent=2) + "\n")
+    step.settle_precision()
+    if step.auto.measured and chosen.get(key) != step.precision:
+        chosen[key] = step.precision
+        temporary = path.with_name(f".{PRECISION_FILE}.{os.getpid()}")
+        temporary.write_text(json.dumps(chosen, indent=2) + "\n")
+        os.replace(temporary, path)  # a reader sees the old file or the new one, never half of one
     return step.precision
 
 
@@ -161,11 +183,11 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
                "images_per_epoch": len(loader) * cfg.data.batch_size}
     step = None
     if tune.with_model:  # real training steps: the model, optimizer, precision and scaler of python -m train
-        model = build_model(cfg.model, task.num_outputs(pipeline.source), device,
-                            channels_last=cfg.trainer.channels_last)
+        outputs = task.num_outputs(pipeline.source)
+        model = build_model(cfg.model, outputs, device, channels_last=cfg.trainer.channels_last)
         step = TrainStep.from_config(cfg, env, device, model, total_steps=tune.repeats * len(loader), task=task)
         step.ddp.train()
-        record["precision"] = settle_once(step, cfg, job_dir.parent)
+        record["precision"] = settle_once(step, cfg, precision_dir(job_dir), outputs)
     per_epoch = min(len(loader), tune.warmup_batches + (tune.batches or len(loader)))
     desc = f"job {job}: workers={num_workers} pin={pin_memory} persistent={cfg.data.persistent_workers}"
     bar = progress_bar(tune.repeats * per_epoch, desc, cfg.trainer.progress, leave=False)
