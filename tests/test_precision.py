@@ -19,6 +19,7 @@ from train.data.loader.batch import Batch
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.loop import checkpoint
+from train.loop.config import Precision
 from train.loop.cpu_precision import MEASURE_MIN_STEPS, RunPrecision, choose, measure
 from train.loop.engine import Trainer
 from train.loop.model import build_model
@@ -399,3 +400,14 @@ def test_ranks_with_and_without_native_bf16_or_a_record_meet_in_one_all_reduce(t
             process.kill()
     assert not hung and [process.exitcode for process in ranks] == [0, 0]
     assert [(tmp_path / f"chosen.{rank}").read_text() for rank in range(2)] == [expected, expected]
+
+
+@pytest.mark.parametrize("setting", list(Precision))
+def test_the_checkpoint_record_is_plain_text_a_weights_only_load_takes(setting, tmp_path):
+    """The config's StrEnum never reaches a checkpoint: torch.load(weights_only=True) refuses its class."""
+    if setting == Precision.fp16:
+        return  # CUDA only
+    record = RunPrecision(setting, torch.device("cpu"), steps=1).state_dict()
+    assert type(record["precision"]) is str
+    torch.save({"precision": record}, tmp_path / "state.pt")
+    assert torch.load(tmp_path / "state.pt", weights_only=True)["precision"] == record

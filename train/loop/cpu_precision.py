@@ -67,7 +67,7 @@ class RunPrecision:
             self.value = resolve(setting, device, flags=flags)
 
     def state_dict(self) -> dict:
-        return {"precision": self.value, "measured": self.measured}
+        return {"precision": str(self.value), "measured": self.measured}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's record where this run would have measured its own (auto on a CPU), if it was measured: an

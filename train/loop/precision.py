@@ -46,7 +46,7 @@ def resolve(setting: str, device: torch.device, *, flags: set[str] | None = None
         raise ConfigError(f"trainer.precision=fp16: fp16 (with its GradScaler) is for CUDA, this run is on {device}; "
                           "use bf16, fp32 or auto")
     if setting != "auto":
-        return setting
+        return str(setting)  # a plain str (a StrEnum from the config would not load with weights_only)
     if device.type == "cuda":
         if cuda_bf16 is None:
             cuda_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
