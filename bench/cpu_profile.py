@@ -2,8 +2,9 @@
 """The cpu profile's precision and layout against plain fp32 channels_first: ResNet-18 training steps (forward,
 backward, SGD) on the same real batch, at the cpu profile's 64 px and at 224 px, measured in the same rounds.
 
-The profile takes channels_last and, where the CPU has native bf16 (avx512_bf16 or AMX), bf16 autocast
-(trainer.precision=auto, train/loop/precision.py); on other CPUs it is fp32 channels_last. Target: new / old >= 1.1 at
+The profile takes channels_last and, where the CPU has native bf16 (avx512_bf16 or AMX), bf16 autocast for
+ResNet-18 (trainer.precision=auto measures bf16 against fp32 on the model: train/loop/cpu_precision.py; ResNet-18
+keeps bf16); on other CPUs it is fp32 channels_last. Target: new / old >= 1.1 at
 64 px on a CPU with native bf16 (reported for reference elsewhere).
 """
 

@@ -32,10 +32,11 @@ from train.data import build_sources, data_from_config
 from train.data.loader.samplers import build_sampler
 from train.data.mix import MixReadError, MixSource
 from train.data.samples import Samples
-from train.data.source import sample_name
+from train.data.source import check_first, sample_name
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.observe.metrics import EPOCH
+from train.task.classification import Classification
 
 PER_EPOCH, BATCH = 96, 16  # 3:1 of 96: 72 folder samples and 24 from the shards an epoch, 6 batches
 RUN_EPOCH = 960  # a run's epoch: 720 folder samples (3 passes) and 240 from S3 (1 pass), 60 batches of a tiny net
@@ -183,3 +184,13 @@ def test_a_folder_and_s3_shards_mixed_3_to_1_count_per_source_and_resume_exactly
     assert_same_weights(run_dir, reference)
     # the resumed epoch counts its samples before the stop too (the checkpoint keeps them)
     assert read_metrics(run_dir)[-1]["source_samples"] == records[-1]["source_samples"] == {"folder": 720, "s3": 240}
+
+
+def test_a_mix_sample_of_the_wrong_kind_is_one_line_naming_its_source():
+    """A source's sample that reads but is not (image, label) as the mix hands it on (a float image, say): one
+    line naming dataset.sources.<name>, not a traceback."""
+    def read(index):
+        raise TypeError("a uint8 image, not float32")
+
+    with pytest.raises(ConfigError, match=r"^dataset\.sources\.odd: its sample 0 must be \(image, label\).*float32"):
+        check_first("dataset.sources.odd", [None] * 3, read, "its sample {}", Classification(), unreadable=OSError)

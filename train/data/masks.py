@@ -15,10 +15,14 @@ import zlib
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as F
 
 from train.data.geometry import resized_size
+
+try:  # libpng keeps palette indices at about half PIL's cost; deprecated in torchvision 0.29 for TorchCodec, whose
+    from torchvision.io import ImageReadMode, decode_image  # decoders expand palettes to RGB: PIL where it is gone
+except ImportError:  # pragma: no cover
+    decode_image = None
 
 IGNORE_INDEX = 255  # the value a mask gives pixels no class is scored on (borders, "difficult" regions)
 MASK_MODES = ("P", "L")
@@ -28,9 +32,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def decode_mask(data: bytes) -> torch.Tensor:
     """A PNG mask's bytes as a uint8 (H, W) class map; ValueError for a mode that holds no class indices (RGB) and
     for a damaged file. An 8-bit palette or grayscale PNG (IHDR bit depth 8, colour type 3 or 0) goes through libpng
-    once its chunks' CRCs hold (`check_crcs`): torchvision's decode_image, unchanged, keeps palette indices at about
-    half PIL's cost; 1-4-bit indices (which libpng stretches to 0-255) and anything else through PIL."""
-    if len(data) > 25 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
+    (torchvision's decode_image, unchanged: the palette indices) once its chunks' CRCs hold (`check_crcs`); 1-4-bit
+    indices (which libpng stretches to 0-255) and anything else through PIL."""
+    if decode_image is not None and len(data) > 25 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
             and data[24] == 8 and data[25] in (0, 3):
         check_crcs(data)
         return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.UNCHANGED)[0]

@@ -135,8 +135,9 @@ def check_sources(target: str, train: Source, val: Source, task) -> None:
 def check_first(key: str, source: Source, read, what: str, task, unreadable=UNREADABLE) -> bool:
     """The first sample `read` (index -> sample) can read of `source`'s first TRIES, checked for `task`; whether its
     target is a mask. One line naming `key` when none reads or the sample is not what the task trains on."""
-    index, sample = first_readable(key, source, read, unreadable)
+    index = 0
     try:
+        index, sample = first_readable(key, source, read, unreadable)
         image, target = sample[:2]
         as_uint8_tensor(image)
         task.check_target(target)
