@@ -8,6 +8,7 @@ SEED_DATA ?= data/synthetic-320
 PHOTO_DATA ?= data/photos-12mp
 IMAGENET_DATA ?= data/synthetic-500
 VOC_DATA ?= data/synthetic-voc
+VOC_SEED_DATA ?= data/synthetic-voc-320
 REAL_DATA ?= data/photos-500
 ARGS ?=
 NPROC ?= 2
@@ -100,6 +101,9 @@ tensorboard: setup ## Serve outputs/ in TensorBoard on http://127.0.0.1:6006 (TB
 $(SEED_DATA)/.complete: | $(VENV)/.installed
 	$(PY) scripts/make_dataset.py --out $(SEED_DATA) --size 320 --train-per-class 60 --val-per-class 5
 
+$(VOC_SEED_DATA)/.complete: | $(VENV)/.installed
+	$(PY) scripts/make_dataset.py --task segmentation --out $(VOC_SEED_DATA) --size 320 --train-per-class 400 --val-per-class 20
+
 $(PHOTO_DATA)/.complete: | $(VENV)/.installed
 	$(PY) scripts/make_dataset.py --out $(PHOTO_DATA) --photo 4032x3024 --train-per-class 5 --val-per-class 1
 
@@ -109,7 +113,7 @@ $(IMAGENET_DATA)/.complete: | $(VENV)/.installed
 $(REAL_DATA)/.complete: | $(VENV)/.installed-dev
 	$(PY) scripts/make_photos.py --out $(REAL_DATA)
 
-bench: setup-dev dataset $(SEED_DATA)/.complete $(PHOTO_DATA)/.complete $(IMAGENET_DATA)/.complete $(REAL_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
+bench: setup-dev dataset $(SEED_DATA)/.complete $(VOC_SEED_DATA)/.complete $(PHOTO_DATA)/.complete $(IMAGENET_DATA)/.complete $(REAL_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
 	@for b in decode workers real_photos sample_path compose segmentation segmentation_e2e doctor autotune epoch_latency packed shards shard_order shard_memory cache rss photos cpu_profile gpu_prefetch startup; do $(PY) bench/$$b.py || exit 1; done
 
 soak: setup-dev dataset ## A long run stays flat: PSS, open files, threads per epoch, nothing left after exit (SOAK_EPOCHS=40)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pickle
 import resource
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 from torch.utils.data import Dataset, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchvision.transforms import v2
 
 from train.data.loader.batch import Batch, collate
 from train.data.loader.plan import RING_SPARE_SLOTS, LoaderPlan
@@ -18,6 +20,9 @@ from train.data.loader.ring import ShmRing, build_collate
 from train.data.loader.stateful import shutdown_workers
 from train.data.loader.stream import EpochBatchSampler
 from train.data.samples import BadSampleError, Samples
+from train.data.seg_augment import JointCompose
+from train.task.classification import Classification
+from train.task.segmentation import Segmentation
 
 SIZE, BATCH, EPOCHS = 8, 6, 3
 
@@ -215,6 +220,42 @@ def test_build_collate_sizes_the_ring_from_the_plan():
     assert built.buffers.shape == (3, 4, 4, 3, 16, 16) and built.buffers.dtype == torch.float32
     assert built.buffers.is_shared()
     assert pickle.loads(pickle.dumps(built)).token == built.token
+
+
+class MaskedPixels(Pixels):
+    """Pixels with a uint8 mask of `side` x `side` drawn from the same seeded stream."""
+
+    def __init__(self, side: int = SIZE):
+        self.side = side
+
+    def __getitem__(self, index: int):
+        image, _ = super().__getitem__(index)
+        return image, torch.randint(0, 256, (self.side, self.side), dtype=torch.uint8) ^ index
+
+
+def masked_loader(collate, workers: int = 2, side: int = SIZE):
+    batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, 2)
+    pairs = Samples(MaskedPixels(side), JointCompose([v2.RandomHorizontalFlip(p=0.0)]), seed=3)  # pairs unchanged
+    return StatefulDataLoader(pairs, batch_sampler=batches, collate_fn=collate,
+                              num_workers=workers, prefetch_factor=2 if workers else None,
+                              persistent_workers=workers > 0)
+
+
+def test_masks_go_through_their_own_ring_each_batch_its_own():
+    plan = LoaderPlan(2, BATCH, 2, False, SIZE, torch.uint8, masks=True)
+    assert plan.mask_shape == (BATCH, SIZE, SIZE)
+    assert plan.shm_bytes > replace(plan, masks=False).shm_bytes
+    masked = build_collate(plan)
+    assert masked.masks.shape == (2, plan.ring_slots, BATCH, SIZE, SIZE) and masked.masks.is_shared()
+    held = list(masked_loader(masked))  # every batch kept: one aliasing its slot would show a later one's masks
+    assert_same(held, list(masked_loader(collate, workers=0)))
+    assert all(b.targets.shape[1:] == (SIZE, SIZE) and b.targets.dtype == torch.uint8 for b in held)
+    assert len({b.targets.data_ptr() for b in held}) == len(held) and int(masked.overruns) == 0
+    # masks of another size than the images' (a task of coarser maps) go by value, each batch still its own
+    assert_same(list(masked_loader(build_collate(plan), side=SIZE // 2)),
+                list(masked_loader(collate, workers=0, side=SIZE // 2)))
+    assert build_collate(replace(plan, masks=False)).masks is None
+    assert plan.for_task(Segmentation(3)).masks and not plan.for_task(Classification()).masks
 
 
 @pytest.mark.parametrize("workers", [2])

@@ -206,6 +206,7 @@ def data_from_config(cfg, env: DistEnv, device: torch.device, recipe: Recipe | N
                      typed_workers: bool = True) -> DataPipeline:
     """`build_data` with every part built from a composed config (tests, benchmarks, tune)."""
     recipe = recipe or instantiate("augment", cfg.augment)
-    plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers)
-    return build_data(cfg.data, build_sources(cfg.dataset, cfg.data, build_task(cfg)), recipe, plan, env, device,
+    task = build_task(cfg)
+    plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers).for_task(task)
+    return build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan, env, device,
                       seed=cfg.trainer.seed, epochs=cfg.trainer.epochs, channels_last=cfg.trainer.channels_last)

@@ -68,6 +68,7 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
 
     tc = cfg.trainer
     task = build_task(cfg)  # its figures join the metric vocabulary before any sink reads it
+    plan = plan.for_task(task)
     monitor = Monitor.from_config(cfg, env, device, run_dir)  # a taken port, a missing tracker: before any worker
     recipe = instantiate("augment", cfg.augment)
     heartbeat = trainer = None

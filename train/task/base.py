@@ -27,6 +27,7 @@ class Task:
     source_needs: Mapping[str, str] = {}  # attributes every split must have, the same on both: name -> what it is
     target_name: str = "target"  # what dataset[i][1] is called in an error
     target_doc: str = "a target"  # what it must be, as an error says it
+    mask_targets: bool = False  # targets are uint8 (H, W) masks of their images' size: the loader's ring holds them
 
     def check_target(self, target: Any) -> None:
         """Raise TypeError or ValueError when a sample's target is not what this task trains on."""

@@ -30,6 +30,7 @@ class Segmentation(Task):
     source_needs = {"classes": "the class names, index 0 first"}
     target_name = "mask"
     target_doc = "a uint8 (H, W) mask of class indices"
+    mask_targets = True
 
     def __init__(self, num_classes: int | None = None, ignore_index: int = 255):
         """`num_classes`: the model's outputs, fixed by `bind`; `ignore_index`: the mask value scored nowhere."""

@@ -172,8 +172,8 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     sampler = MemorySampler()
     recipe = instantiate("augment", cfg.augment)
     task = build_task(cfg)
-    pipeline = build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan, env, device,
-                          seed=cfg.trainer.seed, epochs=tune.repeats,  # exactly the epochs measured
+    pipeline = build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan.for_task(task), env,
+                          device, seed=cfg.trainer.seed, epochs=tune.repeats,  # exactly the epochs measured
                           channels_last=cfg.trainer.channels_last)
     loader = pipeline.train
     if len(loader) <= tune.warmup_batches:

@@ -91,10 +91,14 @@ def collate_labels(good: list, shared: bool = True) -> tuple[torch.Tensor, torch
     pickles what it returns by value anyway) stacks tensor targets (masks) in ordinary memory: default_collate in a
     worker makes a new shared-memory segment for them every batch."""
     if not shared and isinstance(good[0][1], torch.Tensor):
-        indices = default_collate([sample[2] for sample in good]) if len(good[0]) > 2 else None
-        return torch.stack([sample[1] for sample in good]), indices
+        return torch.stack([sample[1] for sample in good]), collate_indices(good)
     columns = default_collate([sample[1:] for sample in good])
     return columns[0], (columns[1] if len(columns) > 1 else None)
+
+
+def collate_indices(good: list) -> torch.Tensor | None:
+    """The dataset indices of training samples `(image, target, index)`; None for validation's `(image, target)`."""
+    return default_collate([sample[2] for sample in good]) if len(good[0]) > 2 else None
 
 
 def collate(samples: list) -> Batch:

@@ -6,6 +6,7 @@ all read one `LoaderPlan`, built before any worker starts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -87,6 +88,7 @@ class LoaderPlan:
     image_size: int
     dtype: torch.dtype  # of the images a worker hands over: uint8 (data.device_transforms) or float32
     encoded_batch_bytes: int = 0  # data.decode=device: room for one batch of encoded files (0: workers decode)
+    masks: bool = False  # the task's targets are (H, W) masks of the images' size: the ring holds them too
 
     @classmethod
     def from_config(cls, data, env: DistEnv, device: torch.device, typed_workers: bool = True) -> LoaderPlan:
@@ -102,6 +104,18 @@ class LoaderPlan:
             return (self.encoded_batch_bytes,)
         return (self.batch_size, 3, self.image_size, self.image_size)
 
+    def for_task(self, task) -> LoaderPlan:
+        """This plan for `task` (train/task): with a mask ring where its targets are masks."""
+        return dataclasses.replace(self, masks=task.mask_targets)
+
+    @property
+    def mask_shape(self) -> tuple[int, int, int] | None:
+        """The largest batch of uint8 masks a worker hands over beside its images, or None (labels, or encoded
+        files: the masks then go by value)."""
+        if not self.masks or self.encoded_batch_bytes:
+            return None
+        return (self.batch_size, self.image_size, self.image_size)
+
     @property
     def batch_dtype(self) -> torch.dtype:
         return torch.uint8 if self.encoded_batch_bytes else self.dtype
@@ -113,7 +127,7 @@ class LoaderPlan:
     @property
     def shm_bytes(self) -> int:
         """The /dev/shm a run holds: a ring for each of its two loaders (training, validation)."""
-        batch_bytes = math.prod(self.batch_shape) * self.batch_dtype.itemsize
+        batch_bytes = math.prod(self.batch_shape) * self.batch_dtype.itemsize + math.prod(self.mask_shape or (0,))
         return 2 * loader_shm_bytes(self.num_workers, self.prefetch_factor, batch_bytes)
 
     def loader_kwargs(self, data) -> dict:

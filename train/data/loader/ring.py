@@ -3,9 +3,11 @@
 A stock worker's collate stacks every batch into a *new* shared-memory segment; the worker first-touches all of its
 pages and the main process receives a file descriptor, maps and later unmaps it (its cost: bench/RESULTS.md).
 Here the main process allocates, before any worker starts, `slots` buffers of the largest batch per worker in one
-shared tensor. Worker w stacks its k-th batch into slot `k % slots` and hands over a
-`RingBatch`: the slot's coordinates, the labels by value. Unpickling it in the main process (as the loader receives
-it, in the main thread or the pin-memory thread) copies the images out into an ordinary tensor, so nothing that
+shared tensor. Worker w stacks its k-th batch into slot `k % slots` and hands over a `RingBatch`: the slot's
+coordinates, the labels by value. A task whose targets are masks of the images' size (segmentation:
+`LoaderPlan.masks`) has a second ring beside it, the masks stacked into the same slot number: by value a batch of
+224 px masks is ~3 MB pickled, piped and unpickled. Unpickling it in the main process (as the loader receives it, in
+the main thread or the pin-memory thread) copies the images (and masks) out into ordinary tensors, so nothing that
 leaves the loader aliases a slot.
 
 A slot may be rewritten only after its previous batch was copied out. DataLoader keeps at most prefetch_factor
@@ -33,6 +35,7 @@ from train.data.loader.batch import (
     batch_view,
     channels_innermost,
     collate,
+    collate_indices,
     collate_labels,
     readable,
     stack_images,
@@ -55,12 +58,14 @@ def _by_value(column: torch.Tensor | None):
 def _take(token: str, worker: int, count: int, n: int, channels_last: bool, targets, indices, bad: int,
           encoded: tuple | None = None) -> Batch:
     """Unpickling a RingBatch (in the loader's process): the images (or, under data.decode=device, the encoded
-    files: `encoded` = (bytes used, offsets, geometry)) copied out of their slot, the slot marked received, the
-    labels back as tensors."""
+    files: `encoded` = (bytes used, offsets, geometry)) copied out of their slot, and the masks where `targets` is
+    None (they lie in the mask ring), the slot marked received; labels back as tensors."""
     ring = _RINGS[token]
-    labels = torch.from_numpy(targets), None if indices is None else torch.from_numpy(indices)
-    if encoded is None:
-        return Batch(ring.copy_out(worker, count, n, channels_last), *labels, bad)
+    indices = None if indices is None else torch.from_numpy(indices)
+    if encoded is None:  # the masks first: copying the images out marks the slot received
+        targets = ring.copy_masks(worker, count, n) if targets is None else torch.from_numpy(targets)
+        return Batch(ring.copy_out(worker, count, n, channels_last), targets, indices, bad)
+    labels = torch.from_numpy(targets), indices
     size, offsets, geometry = encoded
     return Batch(EMPTY_IMAGES, *labels, bad, encoded=Encoded(ring.copy_flat(worker, count, size), offsets, geometry))
 
@@ -87,12 +92,14 @@ class ShmRing:
     dtype), or whose slot is not free yet, takes the plain collate; so does a call outside a worker."""
 
     def __init__(self, num_workers: int, slots: int, shape: tuple[int, ...], dtype: torch.dtype,
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, mask_shape: tuple[int, int, int] | None = None):
         if num_workers < 1 or slots < 1:
             raise ValueError("a ShmRing needs num_workers >= 1 and slots >= 1")
         self.slots, self.pin_memory = slots, pin_memory
         try:
             self.buffers = torch.empty((num_workers, slots, *shape), dtype=dtype).share_memory_()
+            self.masks = None if mask_shape is None else \
+                torch.empty((num_workers, slots, *mask_shape), dtype=torch.uint8).share_memory_()
         except RuntimeError as err:  # torch reserves the pages up front: a full /dev/shm fails here, not later
             raise ConfigError(
                 f"data.num_workers={num_workers}: the workers' batch ring needs {num_workers} x {slots} batches of "
@@ -115,13 +122,19 @@ class ShmRing:
     def copy_flat(self, worker: int, count: int, size: int) -> torch.Tensor:
         """The first `size` elements of the slot of worker `worker`'s `count`-th batch, copied; the slot received."""
         slot = count % self.slots
-        source = self.buffers[worker, slot].view(-1)[:size]
-        pin = self.pin_memory and torch.cuda.is_available()
-        copy = torch.empty(size, dtype=source.dtype, pin_memory=pin)
+        copy = self._copied(self.buffers[worker, slot].view(-1)[:size])
+        self.received[worker, slot] = count + 1
+        return copy
+
+    def copy_masks(self, worker: int, count: int, n: int) -> torch.Tensor:
+        """The `n` masks of worker `worker`'s `count`-th batch, copied (`copy_flat` then marks the slot received)."""
+        return self._copied(self.masks[worker, count % self.slots, :n])
+
+    def _copied(self, source: torch.Tensor) -> torch.Tensor:
+        copy = torch.empty(source.shape, dtype=source.dtype, pin_memory=self.pin_memory and torch.cuda.is_available())
         # numpy's single-threaded memcpy: torch's copy_ splits a batch over the intra-op threads, whose barrier
         # waits for cores the workers hold
         np.copyto(copy.numpy(), source.numpy())
-        self.received[worker, slot] = count + 1
         return copy
 
     def _next_slot(self, worker: int) -> int | None:
@@ -161,9 +174,22 @@ class ShmRing:
         if count is None:
             return collate(samples)
         stack_images(images, self.buffers[info.id, count % self.slots])
-        targets, indices = collate_labels(good, shared=False)
+        if self._stack_masks(good, info.id, count):
+            targets, indices = None, collate_indices(good)
+        else:
+            targets, indices = collate_labels(good, shared=False)
         return RingBatch(self.token, info.id, count, len(good), channels_innermost(images[0]), _by_value(targets),
                          _by_value(indices), bad)
+
+    def _stack_masks(self, good: list, worker: int, count: int) -> bool:
+        """The batch's masks stacked into the mask ring's slot, when it has one and they fit (uint8, the images'
+        size); else False: they go by value."""
+        masks = [sample[1] for sample in good]
+        if self.masks is None or not all(isinstance(mask, torch.Tensor) and mask.dtype == torch.uint8 and
+                                         mask.shape == self.masks.shape[3:] for mask in masks):
+            return False
+        torch.stack(masks, out=self.masks[worker, count % self.slots, :len(masks)])
+        return True
 
     def _encoded(self, samples: list, good: list, bad: int, worker: int):
         """data.decode=device: the batch's encoded files back to back in the slot, their offsets and geometry by
@@ -187,4 +213,5 @@ def build_collate(plan: LoaderPlan):
     """The collate_fn of a loader with `plan`: a ShmRing of its geometry when it has workers, else `collate`."""
     if plan.num_workers == 0:
         return collate
-    return ShmRing(plan.num_workers, plan.ring_slots, plan.batch_shape, plan.batch_dtype, pin_memory=plan.pin_memory)
+    return ShmRing(plan.num_workers, plan.ring_slots, plan.batch_shape, plan.batch_dtype, pin_memory=plan.pin_memory,
+                   mask_shape=plan.mask_shape)
