@@ -32,6 +32,7 @@ from train.data.augment import Recipe
 from train.data.fast.decode import decode_image_file
 from train.data.loader.plan import LoaderPlan
 from train.data.loader.ring import build_collate
+from train.data.loader.workers import one_torch_thread
 from train.data.masks import decode_mask
 from train.data.samples import Samples
 from train.data.seg_augment import SegmentationRecipe, joint
@@ -52,7 +53,7 @@ class DataCfg:
     device_transforms: bool = True
 
 
-SIZES = ((VOC_DATA, DataCfg(image_size=64, epochs=8)), (VOC_SEED_DATA, DataCfg(image_size=224, epochs=2)))
+SIZES = ((VOC_DATA, DataCfg(image_size=64, epochs=8)), (VOC_SEED_DATA, DataCfg(image_size=224, epochs=4)))
 
 
 class ImagesOnly:
@@ -110,12 +111,13 @@ def stage_costs(voc: VOCSegmentation, classify, segment, count: int = 100) -> st
     decoded = [decode_image_file(data) for data in images]
     decoded_masks = [decode_mask(data) for data in masks]
     pair = joint(segment)  # as Samples calls it
-    torch.set_num_threads(1)
-    costs = {"mask read": cpu_us(lambda i: read_file(mask_paths[i]), count),
-             "image decode": cpu_us(lambda i: decode_image_file(images[i]), count),
-             "mask decode": cpu_us(lambda i: decode_mask(masks[i]), count),
-             "classification transform": cpu_us(lambda i: classify(decoded[i]), count),
-             "segmentation transform (image + mask)": cpu_us(lambda i: pair(decoded[i], decoded_masks[i]), count)}
+    with one_torch_thread():  # as a worker runs; the next size's loaders get the process's threads back
+        costs = {"mask read": cpu_us(lambda i: read_file(mask_paths[i]), count),
+                 "image decode": cpu_us(lambda i: decode_image_file(images[i]), count),
+                 "mask decode": cpu_us(lambda i: decode_mask(masks[i]), count),
+                 "classification transform": cpu_us(lambda i: classify(decoded[i]), count),
+                 "segmentation transform (image + mask)": cpu_us(lambda i: pair(decoded[i], decoded_masks[i]),
+                                                                 count)}
     return ", ".join(f"{name} {us:.0f}" for name, us in costs.items())
 
 

@@ -16,7 +16,10 @@ each round's ratio of training images/s (images over the epochs' training second
 with the rounds' spread beside it (a median of paired rounds: a best of each side over two rounds swung with the
 other jobs on a shared box). loadout's precision (trainer.precision=auto's choice, from its plan.json), the whole
 process's wall and CPU time and the last epoch's val mIoU (one confusion-matrix definition:
-train/task/segmentation.py) are printed beside it, so a faster run that learns less shows.
+train/task/segmentation.py) are printed beside it, so a faster run that learns less shows. Eight epochs of 12 steps:
+at four, the one-time start-up (loadout's persistent workers forked from a process holding the model, whose pages
+its first two epochs then copy on write; stock's per-epoch worker restarts) weighed a third of the run. The second
+line gives each side's images/s by epoch and the ratio over epochs 3-8 alone, what a longer run settles to.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from torchvision.transforms.v2 import functional as F
 from train.task.segmentation import scores
 
 VOC_DATA = Path(os.environ.get("VOC_DATA", ROOT / "data" / "synthetic-voc"))
-SIZE, BATCH, WORKERS, EPOCHS, ROUNDS = 64, 32, 2, 4, 4  # epochs of ~2 s on 2 quiet cores
+SIZE, BATCH, WORKERS, EPOCHS, ROUNDS = 64, 32, 2, 8, 4  # epochs of ~2 s on 2 quiet cores
+START_UP = 2  # epochs that pay each side's one-time costs (workers forked, first kernels): left out of `steady`
 BASE_SIZE = round(SIZE * 256 / 224)  # loadout's data.resize_size default
 LR, MOMENTUM, WEIGHT_DECAY, PCT_START = 0.05, 0.9, 5e-4, 0.15  # conf/optimizer/sgd.yaml, conf/scheduler/onecycle.yaml
 IGNORE = 255
@@ -170,8 +174,12 @@ def cpu_of_children() -> float:
 
 
 def summary(epochs: list[dict], wall: float, cpu: float) -> dict:
-    return {"images_per_s": sum(e["images"] for e in epochs) / sum(e["epoch_s"] for e in epochs),
-            "miou": epochs[-1]["val_miou"], "wall": wall, "cpu": cpu}
+    def rate(rows: list[dict]) -> float:
+        return sum(e["images"] for e in rows) / sum(e["epoch_s"] for e in rows)
+
+    return {"images_per_s": rate(epochs), "steady": rate(epochs[START_UP:]),
+            "epochs": [e["images"] / e["epoch_s"] for e in epochs], "miou": epochs[-1]["val_miou"], "wall": wall,
+            "cpu": cpu}
 
 
 def loadout_side(tmp: Path, index: int) -> dict:
@@ -216,12 +224,18 @@ def main() -> None:
     miou = [f"{min(r['miou'] for r in side):.3f}-{max(r['miou'] for r in side):.3f}" for side in (ours, stock)]
     precision = "/".join(sorted({r["precision"] for r in ours}))
     median = [statistics.median(side) for side in rate]
+    steady = [a["steady"] / b["steady"] for a, b in zip(ours, stock, strict=True)]
+    by_epoch = [" ".join(f"{statistics.median(epoch):.0f}" for epoch in zip(*(r["epochs"] for r in side), strict=True))
+                for side in (ours, stock)]
     report("segmentation end to end, loadout / stock reference", ratio, ">= 1.3", ratio >= 1.3,
            f"median of {ROUNDS} rounds' training img/s ratios (rounds {min(ratios):.2f}-{max(ratios):.2f}), "
            f"lraspp_mobilenet_v3_large at {SIZE} px, batch {BATCH}, {WORKERS} workers, {EPOCHS} epochs on "
            f"{VOC_DATA.name}: loadout in {precision} {spread(rate[0])} img/s (median {median[0]:.0f}), stock "
            f"{spread(rate[1])} (median {median[1]:.0f}); whole process {wall:.2f}x less wall time, "
            f"{cpu:.2f}x less CPU time (medians); val mIoU loadout {miou[0]}, stock {miou[1]}; {machine()}")
+    print(f"  img/s by epoch (medians over the rounds): loadout {by_epoch[0]}; stock {by_epoch[1]}; epochs "
+          f"{START_UP + 1}-{EPOCHS} alone (each side's start-up left out): {statistics.median(steady):.2f} "
+          f"(rounds {min(steady):.2f}-{max(steady):.2f})", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -227,7 +227,7 @@ def test_fragment_shm_fits_the_profiles_loader(hardware):
 
     data = yaml.safe_load((ROOT / "conf" / "hardware" / f"{hardware}.yaml").read_text())["data"]
     plan = LoaderPlan(data["num_workers"], data["batch_size"], data["prefetch_factor"] or 2, True, data["image_size"],
-                      torch.float32)  # the larger dtype: true with data.device_transforms=false too
+                      torch.float32, masks=True)  # the larger dtype (data.device_transforms=false), a mask ring
     need = plan.shm_bytes
     have = _gb(fragment(hardware)["services"]["train"]["shm_size"]) << 30
     assert need <= have, f"{hardware}: loader may need {need / 2**30:.1f} GB of /dev/shm, fragment gives {have >> 30}"

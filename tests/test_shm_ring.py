@@ -223,19 +223,16 @@ def test_build_collate_sizes_the_ring_from_the_plan():
 
 
 class MaskedPixels(Pixels):
-    """Pixels with a uint8 mask of `side` x `side` drawn from the same seeded stream."""
-
-    def __init__(self, side: int = SIZE):
-        self.side = side
+    """Pixels with a uint8 mask of their size drawn from the same seeded stream."""
 
     def __getitem__(self, index: int):
         image, _ = super().__getitem__(index)
-        return image, torch.randint(0, 256, (self.side, self.side), dtype=torch.uint8) ^ index
+        return image, torch.randint(0, 256, (SIZE, SIZE), dtype=torch.uint8) ^ index
 
 
-def masked_loader(collate, workers: int = 2, side: int = SIZE):
+def masked_loader(collate, workers: int = 2):
     batches = EpochBatchSampler(SequentialSampler(range(45)), BATCH, False, 2)
-    pairs = Samples(MaskedPixels(side), JointCompose([v2.RandomHorizontalFlip(p=0.0)]), seed=3)  # pairs unchanged
+    pairs = Samples(MaskedPixels(), JointCompose([v2.RandomHorizontalFlip(p=0.0)]), seed=3)  # pairs unchanged
     return StatefulDataLoader(pairs, batch_sampler=batches, collate_fn=collate,
                               num_workers=workers, prefetch_factor=2 if workers else None,
                               persistent_workers=workers > 0)
@@ -247,13 +244,14 @@ def test_masks_go_through_their_own_ring_each_batch_its_own():
     assert plan.shm_bytes > replace(plan, masks=False).shm_bytes
     masked = build_collate(plan)
     assert masked.masks.shape == (2, plan.ring_slots, BATCH, SIZE, SIZE) and masked.masks.is_shared()
+    masked.masks.zero_()
     held = list(masked_loader(masked))  # every batch kept: one aliasing its slot would show a later one's masks
     assert_same(held, list(masked_loader(collate, workers=0)))
     assert all(b.targets.shape[1:] == (SIZE, SIZE) and b.targets.dtype == torch.uint8 for b in held)
     assert len({b.targets.data_ptr() for b in held}) == len(held) and int(masked.overruns) == 0
-    # masks of another size than the images' (a task of coarser maps) go by value, each batch still its own
-    assert_same(list(masked_loader(build_collate(plan), side=SIZE // 2)),
-                list(masked_loader(collate, workers=0, side=SIZE // 2)))
+    in_ring = {masked.masks[w, s, :n].numpy().tobytes() for w in range(2) for s in range(plan.ring_slots)
+               for n in range(1, BATCH + 1)}  # the slots hold each worker's last batches: they went through them
+    assert sum(b.targets.numpy().tobytes() in in_ring for b in held) >= 2 * plan.ring_slots
     assert build_collate(replace(plan, masks=False)).masks is None
     assert plan.for_task(Segmentation(3)).masks and not plan.for_task(Classification()).masks
 

@@ -101,9 +101,10 @@ class ShmRing:
             self.masks = None if mask_shape is None else \
                 torch.empty((num_workers, slots, *mask_shape), dtype=torch.uint8).share_memory_()
         except RuntimeError as err:  # torch reserves the pages up front: a full /dev/shm fails here, not later
+            masks = "" if mask_shape is None else f" and of masks {mask_shape}"
             raise ConfigError(
                 f"data.num_workers={num_workers}: the workers' batch ring needs {num_workers} x {slots} batches of "
-                f"{shape} in {SHM_PATH} and it has no room ({err}). Fix: {shm_fix()}") from err
+                f"{shape}{masks} in {SHM_PATH} and it has no room ({err}). Fix: {shm_fix()}") from err
         # received[w, s] = 1 + the count of worker w's last batch copied out of slot s (0: none since it started)
         self.received = torch.zeros((num_workers, slots), dtype=torch.int64).share_memory_()
         self.overruns = torch.zeros(1, dtype=torch.int64).share_memory_()  # batches that found their slot busy
