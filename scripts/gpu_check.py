@@ -52,7 +52,7 @@ SEED_SET = ("synthetic-320", ("--size", "320", "--train-per-class", "60", "--val
 REQUIRED = {"torch": "torch", "torchvision": "torchvision", "hydra": "hydra-core", "omegaconf": "omegaconf",
             "torchdata": "torchdata", "simplejpeg": "simplejpeg", "PIL": "pillow", "numpy": "numpy",
             "psutil": "psutil", "tqdm": "tqdm", "tensorboard": "tensorboard", "prometheus_client": "prometheus-client",
-            "pytest": "pytest", "yaml": "pyyaml", "fsspec": "fsspec", "pyarrow": "pyarrow"}
+            "pytest": "pytest", "yaml": "pyyaml", "fsspec": "fsspec", "pyarrow": "pyarrow", "zlib_ng": "zlib-ng"}
 DECODE = {"torchcodec": "torchcodec"}  # the decode part alone: without it that part is skipped
 OPTIONAL = {"pynvml": "nvidia-ml-py (GPU utilisation)", "matplotlib": "matplotlib (report.png)"}
 

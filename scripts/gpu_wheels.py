@@ -32,12 +32,12 @@ TARGET = ("--python-version", "3.12", "--implementation", "cp", "--platform", "m
 # packages its image ('cuda', for nvidia-h100-x1 and nvidia-h200) holds, "Python packages already there" in
 # /work/.library/device/KINDS.md, as read on such a machine on 2026-11-17; the versions are that page's "pip list"
 # row (2026-11). Names off that list are CARRIED, not assumed: it has no hydra-core, omegaconf, antlr4, torchdata,
-# simplejpeg or torchcodec.
+# simplejpeg, torchcodec or zlib-ng.
 PREINSTALLED = {"torch": "2.11.0+cu130", "torchvision": "0.26.0", "triton": "3.6.0", "numpy": "2.5.2",
                 "pillow": None, "psutil": None, "tqdm": None, "tensorboard": None, "prometheus-client": None,
                 "pytest": None, "pyyaml": None, "fsspec": None, "pyarrow": None, "aiohttp": None,
                 "nvidia-ml-py": None, "matplotlib": None, "packaging": None, "requests": None, "urllib3": None}
-CARRIED = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "torchdata", "simplejpeg", "torchcodec")
+CARRIED = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "torchdata", "simplejpeg", "torchcodec", "zlib-ng")
 SOURCE_ONLY = {"antlr4-python3-runtime"}  # no wheel on PyPI: built here (pure Python, py3-none-any)
 
 

@@ -8,6 +8,7 @@ import io
 import logging
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import tv_tensors
+from torchvision.io import encode_png
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
@@ -201,6 +203,45 @@ def test_a_damaged_mask_png_is_an_error_naming_it_never_a_dead_process():
                            (data[:len(data) // 2], "")):
         with pytest.raises(ValueError, match=f"a damaged PNG: {named}"):
             decode_mask(damaged)
+
+
+def rewritten_chunk(data: bytes, kind: bytes, payload: bytes) -> bytes:
+    """`data` with its first `kind` chunk's payload replaced and a CRC that matches it: damage the CRCs miss."""
+    at = data.index(kind) - 4
+    end = at + 12 + int.from_bytes(data[at:at + 4], "big")
+    chunk = kind + payload
+    return data[:at] + len(payload).to_bytes(4, "big") + chunk + zlib.crc32(chunk).to_bytes(4, "big") + data[end:]
+
+
+def test_damaged_pixel_data_behind_valid_crcs_is_an_error_never_a_dead_process():
+    """A mask written damaged (its CRCs computed over the damage): pixel data that does not inflate, or inflates to
+    fewer rows than its header says, is a ValueError (libpng could kill the worker on either)."""
+    indices = np.random.default_rng(2).integers(0, 21, (30, 17)).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(indices, "L").save(buffer, format="PNG")  # 8-bit, unfiltered
+    assert decode_mask(buffer.getvalue()).tolist() == indices.tolist()
+    data = buffer.getvalue()
+    at = data.index(b"IDAT")
+    pixels = data[at + 4:at + 4 + int.from_bytes(data[at - 4:at], "big")]
+    not_deflate = rewritten_chunk(data, b"IDAT", pixels[:2] + bytes(b ^ 0x5A for b in pixels[2:]))
+    with pytest.raises(ValueError, match="a damaged PNG: its pixel data does not inflate"):
+        decode_mask(not_deflate)
+    ihdr = data[data.index(b"IHDR") + 4:data.index(b"IHDR") + 17]
+    taller = rewritten_chunk(data, b"IHDR", ihdr[:4] + (40).to_bytes(4, "big") + ihdr[8:])
+    with pytest.raises(ValueError, match="holds 540 bytes, its 17x40 header says 720"):
+        decode_mask(taller)
+
+
+def test_a_mask_with_filtered_rows_decodes_through_libpng_to_the_same_indices():
+    """PIL writes masks unfiltered (inflated rows are the pixels); libpng, writing a grey PNG, filters its rows
+    (torchvision's encode_png): those go through libpng's decode, and give the same indices."""
+    indices = torch.from_numpy(np.random.default_rng(3).integers(0, 21, (25, 31)).astype(np.uint8))
+    indices[:, 10:] = indices[:, :1]  # runs a Sub filter shrinks: libpng's heuristic picks filters for rows
+    data = encode_png(indices[None]).numpy().tobytes()
+    at = data.index(b"IDAT")
+    rows = zlib.decompress(data[at + 4:at + 4 + int.from_bytes(data[at - 4:at], "big")])
+    assert any(rows[row * 32] for row in range(25)), "libpng left every row unfiltered: nothing tested"
+    assert torch.equal(decode_mask(data), indices)
 
 
 def test_scaled_crop_takes_the_windows_of_scale_then_crop():

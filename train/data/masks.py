@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
+from zlib_ng import zlib_ng
 
 from train.data.geometry import resized_size
 
@@ -31,12 +32,17 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def decode_mask(data: bytes) -> torch.Tensor:
     """A PNG mask's bytes as a uint8 (H, W) class map; ValueError for a mode that holds no class indices (RGB) and
-    for a damaged file. An 8-bit palette or grayscale PNG (IHDR bit depth 8, colour type 3 or 0) goes through libpng
-    (torchvision's decode_image, unchanged: the palette indices) once its chunks' CRCs hold (`check_crcs`); 1-4-bit
-    indices (which libpng stretches to 0-255) and anything else through PIL."""
-    if decode_image is not None and len(data) > 25 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
+    for a damaged file. An 8-bit palette or grayscale PNG (IHDR bit depth 8, colour type 3 or 0) has its chunks'
+    CRCs checked (`check_crcs`), then its rows are inflated by zlib-ng (`unfiltered`) or, where a row is filtered or
+    the image interlaced, decoded by libpng (torchvision's decode_image, unchanged: the palette indices); 1-4-bit
+    indices (which libpng stretches to 0-255) and anything else go through PIL."""
+    if decode_image is not None and len(data) > 28 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
             and data[24] == 8 and data[25] in (0, 3):
-        check_crcs(data)
+        pixels = check_crcs(data)
+        if data[28] == 0:  # not interlaced
+            mask = unfiltered(pixels, int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big"))
+            if mask is not None:
+                return mask
         return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.UNCHANGED)[0]
     with Image.open(io.BytesIO(data), formats=("PNG",)) as image:  # PNG alone: probing formats costs more than it
         if image.mode not in MASK_MODES:
@@ -45,13 +51,32 @@ def decode_mask(data: bytes) -> torch.Tensor:
         return torch.from_numpy(np.array(image, dtype=np.uint8))
 
 
-def check_crcs(data: bytes) -> None:
-    """ValueError unless every chunk of a PNG, up to IEND, has the CRC it was written with. torchvision 0.29's
-    PNG decode kills the process (a segfault inside libpng's error path) on damaged pixel data, where a worker should
-    skip the sample; the format's own CRCs catch a damaged or cut-short file first (one without its IEND too, which
-    PIL would read), at ~2 us a mask. A file written damaged with valid CRCs can still crash its worker: the loader
-    then fails the run in one line, never hangs."""
-    pos = len(PNG_SIGNATURE)
+def unfiltered(pixels: bytes, height: int, width: int) -> torch.Tensor | None:
+    """The (height, width) one-byte pixels of a non-interlaced PNG's joined IDAT data, or None when a row is
+    filtered (libpng then undoes the filters). PIL writes palette images unfiltered, as libpng advises for them, so
+    a mask's rows are its inflated bytes less each row's filter-type byte: libpng and libspng inflate with zlib,
+    ~80 % of their 148 us for a 320 px mask, which zlib-ng inflates in ~7 (bench/RESULTS.md). Pixel data that does
+    not inflate to the header's size is a damaged file (ValueError), where libpng could kill the process."""
+    size = height * (width + 1)
+    try:
+        raw = zlib_ng.decompress(pixels, bufsize=max(size, 1))
+    except zlib_ng.error as err:
+        raise ValueError(f"a damaged PNG: its pixel data does not inflate ({err})") from err
+    if len(raw) != size:
+        raise ValueError(f"a damaged PNG: its pixel data holds {len(raw)} bytes, its {width}x{height} header "
+                         f"says {size}")
+    if raw[::width + 1].count(0) != height:  # each row's filter-type byte (bytes.count: ~10x numpy's any here)
+        return None
+    return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).reshape(height, width + 1)[:, 1:].copy())
+
+
+def check_crcs(data: bytes) -> bytes:
+    """A PNG's pixel data (its IDAT chunks joined); ValueError unless every chunk, up to IEND, has the CRC it was
+    written with. torchvision 0.29's PNG decode kills the process (a segfault inside libpng's error path) on damaged
+    pixel data, where a worker should skip the sample; the format's own CRCs catch a damaged or cut-short file first
+    (one without its IEND too, which PIL would read), at ~2 us a mask. A file written damaged with valid CRCs and
+    filtered rows can still crash its worker in libpng: the loader then fails the run in one line, never hangs."""
+    pos, pixels = len(PNG_SIGNATURE), []
     while pos + 12 <= len(data):
         length, kind = int.from_bytes(data[pos:pos + 4], "big"), data[pos + 4:pos + 8]
         end = pos + 8 + length
@@ -60,7 +85,9 @@ def check_crcs(data: bytes) -> None:
         if zlib.crc32(data[pos + 4:end]) != int.from_bytes(data[end:end + 4], "big"):
             raise ValueError(f"a damaged PNG: its {ascii(kind)[2:-1]} chunk's CRC does not match its data")
         if kind == b"IEND":
-            return
+            return b"".join(pixels)
+        if kind == b"IDAT":
+            pixels.append(data[pos + 8:end])
         pos = end + 4
     raise ValueError("a damaged PNG: it ends before its IEND chunk")
 
