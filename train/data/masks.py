@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import struct
 import zlib
 
 import numpy as np
@@ -28,6 +29,7 @@ except ImportError:  # pragma: no cover
 IGNORE_INDEX = 255  # the value a mask gives pixels no class is scored on (borders, "difficult" regions)
 MASK_MODES = ("P", "L")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CHUNK_HEAD, CRC = struct.Struct(">I4s"), struct.Struct(">I")  # a PNG chunk's length and type; its CRC
 
 
 def decode_mask(data: bytes) -> torch.Tensor:
@@ -76,18 +78,18 @@ def check_crcs(data: bytes) -> bytes:
     pixel data, where a worker should skip the sample; the format's own CRCs catch a damaged or cut-short file first
     (one without its IEND too, which PIL would read), at ~2 us a mask. A file written damaged with valid CRCs and
     filtered rows can still crash its worker in libpng: the loader then fails the run in one line, never hangs."""
-    pos, pixels = len(PNG_SIGNATURE), []
+    pos, pixels, view = len(PNG_SIGNATURE), [], memoryview(data)
     while pos + 12 <= len(data):
-        length, kind = int.from_bytes(data[pos:pos + 4], "big"), data[pos + 4:pos + 8]
+        length, kind = CHUNK_HEAD.unpack_from(data, pos)
         end = pos + 8 + length
         if end + 4 > len(data):
             raise ValueError(f"a damaged PNG: cut short inside its {ascii(kind)[2:-1]} chunk")
-        if zlib.crc32(data[pos + 4:end]) != int.from_bytes(data[end:end + 4], "big"):
+        if zlib.crc32(view[pos + 4:end]) != CRC.unpack_from(data, end)[0]:
             raise ValueError(f"a damaged PNG: its {ascii(kind)[2:-1]} chunk's CRC does not match its data")
         if kind == b"IEND":
             return b"".join(pixels)
         if kind == b"IDAT":
-            pixels.append(data[pos + 8:end])
+            pixels.append(view[pos + 8:end])
         pos = end + 4
     raise ValueError("a damaged PNG: it ends before its IEND chunk")
 
