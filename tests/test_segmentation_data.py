@@ -232,6 +232,53 @@ def test_damaged_pixel_data_behind_valid_crcs_is_an_error_never_a_dead_process()
         decode_mask(taller)
 
 
+def png(indices: np.ndarray) -> bytes:
+    """A palette mask as PIL writes one (8-bit, every row unfiltered; PIL filters L images' rows)."""
+    image = Image.fromarray(indices, "P")
+    image.putpalette([v for i in range(256) for v in (i, 255 - i, i // 2)])
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    data = buffer.getvalue()
+    at = data.index(b"IDAT")
+    rows = zlib.decompress(data[at + 4:at + 4 + int.from_bytes(data[at - 4:at], "big")])
+    assert data[24] == 8 and not any(rows[::indices.shape[1] + 1]), "PIL filtered a palette mask: nothing tested"
+    return data
+
+
+def test_unfiltered_masks_never_reach_libpng_and_odd_files_are_read_as_libpng_reads_them(monkeypatch):
+    """The zlib-ng path alone for an unfiltered mask (libpng, replaced by a callback that fails, is never called);
+    pixel data split over several IDAT chunks (one empty) or inflating to more rows than the header's (libpng keeps
+    the header's) reads the same; a header claiming more pixels than PIL's bound is a ValueError before anything is
+    allocated; a zero width goes to libpng, which refuses it."""
+    indices = np.random.default_rng(4).integers(0, 21, (30, 17)).astype(np.uint8)
+    data = png(indices)
+    at = data.index(b"IDAT")
+    pixels = data[at + 4:at + 4 + int.from_bytes(data[at - 4:at], "big")]
+    split = rewritten_chunk(data, b"IDAT", pixels[:5])
+    end = split.index(b"IEND") - 4
+    for payload in (b"", pixels[5:]):
+        chunk = b"IDAT" + payload
+        split = split[:end] + len(payload).to_bytes(4, "big") + chunk + zlib.crc32(chunk).to_bytes(4, "big") \
+            + split[end:]
+        end += 12 + len(payload)
+    longer = png(np.concatenate([indices, indices[:5]]))
+    ihdr = longer[longer.index(b"IHDR") + 4:longer.index(b"IHDR") + 17]
+    cut = rewritten_chunk(longer, b"IHDR", ihdr[:4] + (30).to_bytes(4, "big") + ihdr[8:])  # 35 rows stored, 30 said
+
+    def libpng(*args):
+        raise AssertionError("an unfiltered mask reached libpng")
+
+    monkeypatch.setattr("train.data.masks.decode_image", libpng)
+    for each in (data, split, cut):
+        assert decode_mask(each).tolist() == indices.tolist()
+    monkeypatch.undo()
+    huge = rewritten_chunk(data, b"IHDR", (100_000).to_bytes(4, "big") * 2 + ihdr[8:])
+    with pytest.raises(ValueError, match="MAX_IMAGE_PIXELS"):
+        decode_mask(huge)
+    with pytest.raises((ValueError, RuntimeError)):
+        decode_mask(rewritten_chunk(data, b"IHDR", bytes(4) + ihdr[4:]))
+
+
 def test_a_mask_with_filtered_rows_decodes_through_libpng_to_the_same_indices():
     """PIL writes masks unfiltered (inflated rows are the pixels); libpng, writing a grey PNG, filters its rows
     (torchvision's encode_png): those go through libpng's decode, and give the same indices."""

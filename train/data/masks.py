@@ -30,6 +30,7 @@ IGNORE_INDEX = 255  # the value a mask gives pixels no class is scored on (borde
 MASK_MODES = ("P", "L")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CHUNK_HEAD, CRC = struct.Struct(">I4s"), struct.Struct(">I")  # a PNG chunk's length and type; its CRC
+IHDR_LENGTH = (13).to_bytes(4, "big")
 
 
 def decode_mask(data: bytes) -> torch.Tensor:
@@ -41,8 +42,9 @@ def decode_mask(data: bytes) -> torch.Tensor:
     if decode_image is not None and len(data) > 28 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
             and data[24] == 8 and data[25] in (0, 3):
         pixels = check_crcs(data)
-        if data[28] == 0:  # not interlaced
-            mask = unfiltered(pixels, int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big"))
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        if data[8:12] == IHDR_LENGTH and data[26:29] == b"\0\0\0" and width and height:  # deflate, no interlace
+            mask = unfiltered(pixels, height, width)
             if mask is not None:
                 return mask
         return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.UNCHANGED)[0]
@@ -58,13 +60,16 @@ def unfiltered(pixels: bytes, height: int, width: int) -> torch.Tensor | None:
     filtered (libpng then undoes the filters). PIL writes palette images unfiltered, as libpng advises for them, so
     a mask's rows are its inflated bytes less each row's filter-type byte: libpng and libspng inflate with zlib,
     ~80 % of their 148 us for a 320 px mask, which zlib-ng inflates in ~7 (bench/RESULTS.md). Pixel data that does
-    not inflate to the header's size is a damaged file (ValueError), where libpng could kill the process."""
+    not inflate to the header's size is a damaged file (ValueError), where libpng could kill the process; a header
+    over PIL's pixel bound too (its pixels are never allocated)."""
+    if Image.MAX_IMAGE_PIXELS and height * width > Image.MAX_IMAGE_PIXELS:  # PIL's bound: a header can claim GBs
+        raise ValueError(f"a {width}x{height} mask: over PIL's Image.MAX_IMAGE_PIXELS ({Image.MAX_IMAGE_PIXELS})")
     size = height * (width + 1)
-    try:
-        raw = zlib_ng.decompress(pixels, bufsize=max(size, 1))
+    try:  # at most the header's bytes: a stream that inflates to more is cut there, as libpng cuts it
+        raw = zlib_ng.decompressobj().decompress(pixels, size)
     except zlib_ng.error as err:
         raise ValueError(f"a damaged PNG: its pixel data does not inflate ({err})") from err
-    if len(raw) != size:
+    if len(raw) < size:
         raise ValueError(f"a damaged PNG: its pixel data holds {len(raw)} bytes, its {width}x{height} header "
                          f"says {size}")
     if raw[::width + 1].count(0) != height:  # each row's filter-type byte (bytes.count: ~10x numpy's any here)
