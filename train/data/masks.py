@@ -36,12 +36,12 @@ IHDR_LENGTH = (13).to_bytes(4, "big")
 def decode_mask(data: bytes) -> torch.Tensor:
     """A PNG mask's bytes as a uint8 (H, W) class map; ValueError for a mode that holds no class indices (RGB) and
     for a damaged file. An 8-bit palette or grayscale PNG (IHDR bit depth 8, colour type 3 or 0) has its chunks'
-    CRCs checked (`check_crcs`), then its rows are inflated by zlib-ng (`unfiltered`) or, where a row is filtered or
-    the image interlaced, decoded by libpng (torchvision's decode_image, unchanged: the palette indices); 1-4-bit
-    indices (which libpng stretches to 0-255) and anything else go through PIL."""
+    CRCs checked (`checked_pixel_data`), then its rows are inflated by zlib-ng (`unfiltered`) or, where a row is
+    filtered or the image interlaced, decoded by libpng (torchvision's decode_image, unchanged: the palette
+    indices); 1-4-bit indices (which libpng stretches to 0-255) and anything else go through PIL."""
     if decode_image is not None and len(data) > 28 and data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" \
             and data[24] == 8 and data[25] in (0, 3):
-        pixels = check_crcs(data)
+        pixels = checked_pixel_data(data)
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
         if data[8:12] == IHDR_LENGTH and data[26:29] == b"\0\0\0" and width and height:  # deflate, no interlace
             mask = unfiltered(pixels, height, width)
@@ -77,7 +77,7 @@ def unfiltered(pixels: bytes, height: int, width: int) -> torch.Tensor | None:
     return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).reshape(height, width + 1)[:, 1:].copy())
 
 
-def check_crcs(data: bytes) -> bytes:
+def checked_pixel_data(data: bytes) -> bytes:
     """A PNG's pixel data (its IDAT chunks joined); ValueError unless every chunk, up to IEND, has the CRC it was
     written with. torchvision 0.29's PNG decode kills the process (a segfault inside libpng's error path) on damaged
     pixel data, where a worker should skip the sample; the format's own CRCs catch a damaged or cut-short file first
