@@ -14,7 +14,8 @@ lraspp_mobilenet_v3_large, untrained. Each side runs as a fresh process, ROUNDS 
 B A: a load that rises or falls over the run weighs on both sides alike); the figure is the median over the rounds of
 each round's ratio of training images/s (images over the epochs' training seconds: loadout's from its metrics.jsonl),
 with the rounds' spread beside it (a median of paired rounds: a best of each side over two rounds swung with the
-other jobs on a shared box). loadout's precision (trainer.precision=auto's choice, from its plan.json), the whole
+other jobs on a shared box). loadout trains in fp32 as stock does (on a CPU with native bf16 auto would take bf16,
+which lraspp trains slower in: `make tune` measures that, bench/RESULTS.md); its precision (from plan.json), the whole
 process's wall and CPU time and the last epoch's val mIoU (one confusion-matrix definition:
 train/task/segmentation.py) are printed beside it, so a faster run that learns less shows. Eight epochs of 12 steps:
 at four, the one-time start-up (loadout's persistent workers forked from a process holding the model, whose pages
@@ -186,10 +187,10 @@ def loadout_side(tmp: Path, index: int) -> dict:
     run_dir = tmp / f"loadout-{index}"
     wall, cpu = timed([sys.executable, "-m", "train", "task=segmentation", "hardware=cpu", f"data.root={VOC_DATA}",
                        f"data.image_size={SIZE}", f"data.batch_size={BATCH}", f"data.num_workers={WORKERS}",
-                       f"trainer.epochs={EPOCHS}", "logger=[]", f"hydra.run.dir={run_dir}"],
+                       f"trainer.epochs={EPOCHS}", "trainer.precision=fp32", "logger=[]", f"hydra.run.dir={run_dir}"],
                       tmp / f"loadout-{index}.log")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    precision = json.loads((run_dir / "plan.json").read_text())["precision"]  # trainer.precision=auto's choice
+    precision = json.loads((run_dir / "plan.json").read_text())["precision"]
     return {**summary([row for row in map(json.loads, lines) if "epoch_s" in row], wall, cpu), "precision": precision}
 
 

@@ -24,6 +24,9 @@ FAILING_MODEL = "model._target_=tests.tiny_net.AllocFailingNet"
 @pytest.mark.parametrize(("err", "counts"), [
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
     (RuntimeError(CUDNN_ALLOC_FAILED), True),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"), True),
+    # a broken cuDNN says this too: out of memory only with the GPU nearly full, and this box has none
+    (RuntimeError("FIND was unable to find an engine to execute this computation"), False),
     (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
     (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), True),
     (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 9x10)"), False),
@@ -31,6 +34,34 @@ FAILING_MODEL = "model._target_=tests.tiny_net.AllocFailingNet"
 ])
 def test_a_cuda_librarys_failed_allocation_counts_as_out_of_memory(err, counts):
     assert is_out_of_memory(err) == counts
+
+
+def test_no_engine_counts_as_out_of_memory_only_on_a_nearly_full_gpu(monkeypatch):
+    monkeypatch.setattr("train.loop.micro_batch.gpu_nearly_full", lambda: True)  # what a full GPU's query gives
+    assert is_out_of_memory(RuntimeError("GET was unable to find an engine to execute this computation"))
+
+
+def bn_step(micro_batch_size, batch_size: int = 16) -> TrainStep:
+    cfg = compose_config(["hardware=cpu", "data.image_size=32", f"data.batch_size={batch_size}",
+                          "trainer.precision=fp32", f"trainer.micro_batch_size={micro_batch_size}",
+                          "model._target_=tests.tiny_net.TinyNet"])  # BatchNorm: no slice of one sample
+    return TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU), total_steps=4)
+
+
+def test_a_model_with_batch_norm_never_trains_on_a_one_sample_slice():
+    step = bn_step(4, batch_size=9)
+    images, targets = torch.randn(9, 3, 32, 32), torch.arange(9) % 10
+    assert [len(x) for x, _ in step._slices(images, targets)] == [4, 5]  # the 1-sample rest joins the slice before
+    loss, updated = step(Batch(images, targets))
+    assert updated and torch.isfinite(loss)
+    auto = bn_step("auto")
+    sizes = []
+    while auto.micro_batch.halve():
+        sizes.append(auto.micro_batch.size)
+    assert sizes == [8, 4, 2]  # halving stops at 2
+    plain = TrainStep.from_config(compose_config(["hardware=cpu", "trainer.micro_batch_size=auto"]), DistEnv(), CPU,
+                                  torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(10)), total_steps=4)
+    assert plain.micro_batch.smallest == 1
 
 
 def test_out_of_memory_outside_a_step_becomes_the_steps_one_line_and_other_errors_pass():
@@ -57,6 +88,21 @@ def test_a_cudnn_allocation_failure_halves_an_auto_micro_batch_and_the_run_goes_
     assert "out of memory with micro-batches of 16: trying 8" in log
     saved = checkpoint.load(checkpoint.checkpoint_dir(tmp_path / "run") / checkpoint.LAST)
     assert saved["micro_batch"] == {"size": 8} and saved["progress"]["step"] == 3
+
+
+@pytest.mark.slow
+def test_one_rank_out_of_memory_halves_for_every_rank_with_precision_auto(small_run_args, tmp_path):
+    """torchrun, 2 ranks, rank 1 out of memory above 8 samples: the first step halves to 8 on every rank and the run
+    finishes, with trainer.precision=auto and more than 20 steps (where the run once timed the model on a full
+    batch before its first step, outside this recovery: exit 3)."""
+    from tests.test_distributed import torchrun
+
+    result = torchrun([*small_run_args, "trainer.epochs=3", "trainer.precision=auto", "trainer.micro_batch_size=auto",
+                       "data.num_workers=1", "model._target_=tests.tiny_net.OutOfMemoryOnRank"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = checkpoint.load(checkpoint.checkpoint_dir(tmp_path / "run") / checkpoint.LAST)
+    assert saved["micro_batch"] == {"size": 8} and saved["progress"]["epoch"] == 3
+    assert saved["progress"]["step"] > 20
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """trainer.precision: auto decided from the device (bf16 where native, fp16 + GradScaler before Ampere, fp32 on a CPU
-without native bf16; on a CPU with native bf16, bf16 measured against fp32 on a copy of the model, the choice kept by
-a resume), the old keys refused, the LR schedule held on a step fp16 skips, and bf16 learning as fp32."""
+without native bf16), a checkpoint's fp32 kept by a resume and by validate, make tune's measurement of bf16 against
+fp32 on a copy of the model (out of memory there is no error), the LR schedule held on a step fp16 skips, and bf16
+learning as fp32."""
 
 from __future__ import annotations
 
@@ -18,13 +19,12 @@ from train.data import data_from_config
 from train.data.loader.batch import Batch
 from train.dist import DistEnv
 from train.errors import ConfigError
-from train.loop import checkpoint
 from train.loop.config import Precision
-from train.loop.cpu_precision import MEASURE_MIN_STEPS, RunPrecision, choose, measure
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.loop.precision import cpu_flags, resolve
+from train.loop.precision import RunPrecision, cpu_flags, native_bf16, resolve
 from train.loop.step import TrainStep
+from train.tune.cpu_precision import choose, measure, measured
 from train.tune.measure import PRECISION_FILE, settle_once
 
 CPU = torch.device("cpu")
@@ -67,7 +67,6 @@ def test_a_step_fp16_skips_leaves_the_learning_rate_where_it_was(tiny_dataset):
     step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=10)
     step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     step._scale = step.scaler.get_scale()
-    from train.data.loader.batch import Batch
 
     batch = Batch(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3]))
     first = next(model.parameters())
@@ -141,191 +140,80 @@ def test_fp32_only_where_it_is_clearly_faster_on_a_step_long_enough_to_tell():
     assert choose(bf16=0.0008, fp32=0.0006) == "bf16"  # a tiny net: dispatch, not arithmetic
 
 
-def test_whether_a_run_measures_depends_on_its_config_alone(caplog):
-    """Every rank of a run must agree on entering the measurement's all-reduce, whatever its own CPU's flags."""
+class OutOfMemoryAbove(nn.Module):
+    """Runs out of memory, as torch does, on a batch of more than `limit` samples."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.conv = limit, nn.Conv2d(3, 4, 3)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.shape[0] > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.conv(images)
+
+
+def test_running_out_of_memory_while_measuring_is_no_error_and_measures_nothing(caplog):
     caplog.set_level(logging.INFO)
-    steps = MEASURE_MIN_STEPS + 1
-    waiting = RunPrecision("auto", CPU, steps=steps, flags=NATIVE)
-    assert waiting.pending and waiting.value == "bf16"
-    plain = RunPrecision("auto", CPU, steps=steps, flags={"avx2", "avx512f"})
-    assert plain.pending and plain.value == "fp32"  # joins the vote, without measuring (below)
-    for chosen, run in (("bf16", RunPrecision("auto", CPU, steps=MEASURE_MIN_STEPS, flags=NATIVE)),  # debug=default
-                        ("bf16", RunPrecision("auto", CPU, steps=steps, flags=NATIVE, training=False)),  # validate
-                        ("fp32", RunPrecision("auto", CPU, steps=steps, flags=set(), deterministic=True)),
-                        ("fp32", RunPrecision("fp32", CPU, steps=steps, flags=NATIVE)),
-                        ("bf16", RunPrecision("bf16", CPU, steps=steps, flags=set()))):
-        assert not run.pending and run.value == chosen
-    caplog.clear()
-    repeatable = RunPrecision("auto", CPU, steps=steps, flags=NATIVE, deterministic=True)
-    assert not repeatable.pending and repeatable.value == "bf16"
-    assert caplog.text.count("precision: bf16") == 1 and "trainer.deterministic=true" in caplog.text
+    assert measured(OutOfMemoryAbove(8), (16, 3, 16, 16), channels_last=False) is None
+    assert "not measured (out of memory on a batch of 16x3x16x16); bf16 stands" in caplog.text
+    assert measured(OutOfMemoryAbove(16), (16, 3, 16, 16), channels_last=False) in ("bf16", "fp32")
 
 
-def test_auto_on_a_cpu_without_native_bf16_is_fp32_without_measuring(caplog):
+def test_a_training_run_decides_auto_from_the_device_alone_and_runs_no_model(caplog):
+    """No timing before the first step: it cost start-up and ran outside the step's out-of-memory handling."""
     caplog.set_level(logging.INFO)
-    model = SegmentationLike()
-    calls = counted(model)
-    run = RunPrecision("auto", CPU, steps=10**6, flags={"avx2", "avx512f"})
-    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls == []
-    assert "no avx512_bf16 or amx_bf16 on this CPU" in caplog.text and "measured" not in caplog.text
-    assert run.state_dict() == {"precision": "fp32", "measured": False}  # not a timing: a resume votes again
+    assert RunPrecision("auto", CPU, flags=NATIVE).value == "bf16"
+    assert RunPrecision("auto", CPU, flags={"avx2", "avx512f"}).value == "fp32"
+    assert "no avx512_bf16 or amx_bf16 on this CPU" in caplog.text
+    assert RunPrecision("fp32", CPU, flags=NATIVE).value == "fp32"
+    assert RunPrecision("bf16", CPU, flags=set()).value == "bf16"
 
 
-def test_a_measured_bf16_record_on_a_cpu_without_native_bf16_gives_fp32(caplog):
-    """Emulated bf16 is slower than fp32: a checkpoint's bf16 does not carry onto such a CPU, voting or not."""
+def test_auto_keeps_a_checkpoints_fp32_where_bf16_is_native_and_nothing_else_changes_a_setting(caplog):
     caplog.set_level(logging.INFO)
-    model = SegmentationLike()
-    calls = counted(model)
-    bf16_record = {"precision": "bf16", "measured": True}
-    run = RunPrecision("auto", CPU, steps=10**6, flags={"avx2"})
-    run.load_state_dict(bf16_record)
-    assert run.pending  # the vote runs whatever the checkpoint says
-    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls == []
-    assert run.state_dict() == {"precision": "fp32", "measured": False}
-    for quiet in (RunPrecision("auto", CPU, steps=10**6, flags={"avx2"}, deterministic=True),
-                  RunPrecision("auto", CPU, steps=10**6, flags={"avx2"}, training=False)):
-        quiet.load_state_dict(bf16_record)
-        assert quiet.value == "fp32" and not quiet.measured
-
-
-def other_rank(monkeypatch, *vector: float) -> None:
-    """The measurement's all-reduce as a 2-rank run would see it: this rank's vector plus another's
-    [bf16 s, fp32 s, timed, native, 1, over the cap, fp32 record, bf16 record]."""
-    monkeypatch.setattr("train.loop.cpu_precision.all_reduce_sum",
-                        lambda values, device: [mine + theirs for mine, theirs in zip(values, vector, strict=True)])
-
-
-def test_a_rank_without_native_bf16_makes_every_rank_take_fp32(monkeypatch, caplog):
-    caplog.set_level(logging.INFO)
-    other_rank(monkeypatch, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
-    model = SegmentationLike()
-    calls = counted(model)
-    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
-    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls  # this rank measured
-    assert "no avx512_bf16 or amx_bf16 on the CPU of 1 of 2 ranks" in caplog.text and not run.measured
-
-
-def test_the_ranks_mean_times_decide(monkeypatch, caplog):
-    caplog.set_level(logging.INFO)
-    other_rank(monkeypatch, 30.0, 10.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)  # the other: fp32 far faster, so the mean
-    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
-    assert run.settle(SegmentationLike(), (4, 3, 16, 16), channels_last=False) == "fp32"
-    assert "mean over 2 rank(s)" in caplog.text and run.state_dict() == {"precision": "fp32", "measured": True}
-
-
-def test_a_warm_up_step_over_the_cap_keeps_bf16_without_timing_more(monkeypatch, caplog):
-    caplog.set_level(logging.INFO)
-    monkeypatch.setattr("train.loop.cpu_precision.MEASURE_CAP_S", 0.0)  # every step is over it
-    model = SegmentationLike()
-    calls = counted(model)
-    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
-    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "bf16" and len(calls) == 1
-    assert not run.measured  # a resume measures again
-    assert "not measured against fp32: a warm-up forward + backward of 4x3x16x16 took over 0 s" in caplog.text
-
-
-def test_a_rank_with_a_record_and_one_without_meet_in_the_vote_and_take_the_record(monkeypatch, caplog):
-    """Ranks may load different checkpoints: each votes, the one with a record does not time, the record decides."""
-    caplog.set_level(logging.INFO)
-    other_rank(monkeypatch, 0.3, 0.1, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)  # the other timed: fp32 far faster
-    model = SegmentationLike()
-    calls = counted(model)
-    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
-    run.load_state_dict({"precision": "bf16", "measured": True})
-    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "bf16" and calls == []
-    assert run.measured and "measured by the checkpoint's run; not measured again" in caplog.text
-    other_rank(monkeypatch, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0)  # the other's record says fp32
-    model = SegmentationLike()
-    calls = counted(model)
-    run = RunPrecision("auto", CPU, steps=10**6, flags=NATIVE)
-    assert run.settle(model, (4, 3, 16, 16), channels_last=False) == "fp32" and calls  # this rank timed
-    assert run.measured and "measured by another rank's checkpoint" in caplog.text
+    run = RunPrecision("auto", CPU, flags=NATIVE)
+    run.load_state_dict({"precision": "fp32", "measured": True})  # a record from before this release reads too
+    assert run.value == "fp32" and run.state_dict() == {"precision": "fp32"}
+    assert "the checkpoint's run trained in fp32" in caplog.text
+    plain = RunPrecision("auto", CPU, flags={"avx2"})  # emulated bf16 is slower than fp32: a bf16 record stays said
+    plain.load_state_dict({"precision": "bf16"})
+    assert plain.value == "fp32" and "precision: fp32 (the checkpoint was trained in bf16)" in caplog.text
+    explicit = RunPrecision("bf16", CPU, flags=NATIVE)
+    explicit.load_state_dict({"precision": "fp32"})
+    assert explicit.value == "bf16"
 
 
 def small_trainer(tiny_dataset, run_dir) -> Trainer:
     """TinyNet on the tiny set as `python -m train hardware=cpu` builds it, told its CPU has native bf16 (from
-    outside, so the measurement runs on any machine)."""
+    outside, so the test means the same on any machine)."""
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=2",
                           "trainer.progress=false", "model._target_=tests.tiny_net.TinyNet"])
     data = data_from_config(cfg, DistEnv(), CPU)
     trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU,
                                                                          channels_last=True), run_dir)
-    trainer.step.auto = RunPrecision("auto", CPU, steps=trainer.plan.total_steps, flags=NATIVE)
+    trainer.step.auto = RunPrecision("auto", CPU, flags=NATIVE)
     return trainer
 
 
-def one_batch() -> Batch:
-    images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    return Batch(images.contiguous(memory_format=torch.channels_last), torch.arange(16) % 10)
-
-
-def test_the_first_step_measures_once_the_checkpoint_records_it_and_a_resume_keeps_it(tiny_dataset, tmp_path,
-                                                                                       caplog):
+def test_validate_evaluates_in_the_precision_the_checkpoint_trained_in(tiny_dataset, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     trainer = small_trainer(tiny_dataset, tmp_path)
-    first = next(trainer.step.model.parameters()).detach().clone()
-    trainer.step(one_batch())
-    assert not trainer.step.auto.pending and trainer.step.precision in ("bf16", "fp32")
-    assert caplog.text.count("measured on this model") == 1 and "a forward + backward of 16x3x32x32" in caplog.text
-    assert not torch.equal(next(trainer.step.model.parameters()), first)  # and the step trained
-    trainer.step(one_batch())
-    assert caplog.text.count("measured on this model") == 1
-    trainer.save()
-    state = checkpoint.load(trainer.checkpoint_path)
-    assert state["precision"] == {"precision": trainer.step.precision, "measured": True}
-
-    other = "fp32" if trainer.step.precision == "bf16" else "bf16"  # whatever this run would measure, the record wins
-    trainer.step.auto.value = other
-    trainer.save()
-    caplog.clear()
-    resumed = small_trainer(tiny_dataset, tmp_path)
-    resumed.resume(trainer.checkpoint_path)
-    assert resumed.step.auto.pending  # the vote still runs: another rank's CPU may lack native bf16
-    resumed.step(one_batch())
-    assert resumed.step.precision == other and resumed.step.auto.measured
-    assert "measured by the checkpoint's run; not measured again" in caplog.text
-    assert "measured on this model" not in caplog.text
-
-
-def test_a_checkpoint_from_before_the_record_measures_as_a_new_run(tiny_dataset, tmp_path):
-    trainer = small_trainer(tiny_dataset, tmp_path)
-    trainer.step(one_batch())
-    trainer.save()
-    state = checkpoint.load(trainer.checkpoint_path)
-    del state["precision"]
-    torch.save(state, trainer.checkpoint_path)
-    resumed = small_trainer(tiny_dataset, tmp_path)
-    resumed.resume(trainer.checkpoint_path)
-    assert resumed.step.auto.pending and resumed.step.precision == "bf16"
-    resumed.step(one_batch())
-    assert not resumed.step.auto.pending
-
-
-def test_an_unmeasured_record_is_measured_again(tiny_dataset, tmp_path):
-    """A smoke run's bf16 (too short to measure) or a record without the flag does not stand for a measurement."""
-    trainer = small_trainer(tiny_dataset, tmp_path)
-    for record in ({"precision": "fp32", "measured": False}, {"precision": "fp32"}):
-        trainer.step.auto.load_state_dict(record)
-        assert trainer.step.auto.pending and trainer.step.auto.record is None and trainer.step.precision == "bf16"
-
-
-def test_validate_evaluates_in_the_precision_the_checkpoint_measured(tiny_dataset, tmp_path, caplog):
-    caplog.set_level(logging.INFO)
-    trainer = small_trainer(tiny_dataset, tmp_path)
-    trainer.step.auto.adopt("fp32", "a test")
-    assert trainer.step.settle_precision() == "fp32" and trainer.step.auto.measured
+    trainer.step.auto.value = "fp32"
     trainer.save()
     (tmp_path / "validate").mkdir()
     validating = small_trainer(tiny_dataset, tmp_path / "validate")
-    validating.step.auto = RunPrecision("auto", CPU, steps=10**6, training=False, flags=NATIVE)
     assert validating.step.precision == "bf16"
     record = validating.validate(trainer.checkpoint_path)
     assert validating.step.precision == record["precision"] == "fp32" and record["val_samples"] > 0
-    assert "precision: fp32 (trainer.precision=auto: measured by the checkpoint's run" in caplog.text
     assert read_metrics(tmp_path / "validate")[-1]["precision"] == "fp32"  # the row says what it evaluated in
 
 
+needs_native_bf16 = pytest.mark.skipif(not native_bf16(), reason="make tune measures only where bf16 is native")
+
+
+@needs_native_bf16
 def test_a_tune_sweep_measures_once_per_model_and_every_job_trains_in_it(tiny_dataset, tmp_path):
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "model._target_=tests.tiny_net.TinyNet"])
@@ -333,9 +221,7 @@ def test_a_tune_sweep_measures_once_per_model_and_every_job_trains_in_it(tiny_da
     def settled(outputs: int) -> tuple[str, list]:
         model = build_model(cfg.model, outputs, CPU, channels_last=True)
         forwards = counted(model)
-        step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=100)
-        step.auto = RunPrecision("auto", CPU, steps=100, flags=NATIVE)
-        return settle_once(step, cfg, tmp_path, outputs), forwards
+        return settle_once(cfg, model, CPU, tmp_path, outputs), forwards
 
     (first, forwards), (second, none) = settled(10), settled(10)
     assert first == second in ("bf16", "fp32") and len(forwards) == 6 and none == []
@@ -345,61 +231,14 @@ def test_a_tune_sweep_measures_once_per_model_and_every_job_trains_in_it(tiny_da
     assert [path.name for path in tmp_path.iterdir()] == [PRECISION_FILE]  # no temporary file left
 
 
+@needs_native_bf16
 @pytest.mark.parametrize("garbage", ['{"model": ', "[1, 2]", "\x00\xff"])
 def test_a_tune_precision_file_that_does_not_read_is_measured_again_and_rewritten(tiny_dataset, tmp_path, garbage):
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "model._target_=tests.tiny_net.TinyNet"])
     (tmp_path / PRECISION_FILE).write_bytes(garbage.encode("latin-1"))
-    step = TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU, channels_last=True),
-                                 total_steps=100)
-    step.auto = RunPrecision("auto", CPU, steps=100, flags=NATIVE)
-    chosen = settle_once(step, cfg, tmp_path, 10)
+    chosen = settle_once(cfg, build_model(cfg.model, 10, CPU, channels_last=True), CPU, tmp_path, 10)
     assert list(json.loads((tmp_path / PRECISION_FILE).read_text()).values()) == [chosen]
-
-
-RANKS = {  # each rank's CPU flags and checkpoint record
-    "native": (NATIVE, None), "plain": ({"avx2"}, None),
-    "bf16 record": (NATIVE, "bf16"), "fp32 record": (NATIVE, "fp32"),
-}
-
-
-def _settle_on_a_rank(rank: int, init: str, out: str, kinds: tuple[str, str]) -> None:
-    """One rank of a 2-process gloo group, its CPU flags and checkpoint record as RANKS[kinds[rank]] says."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
-        flags, saved = RANKS[kinds[rank]]
-        run = RunPrecision("auto", CPU, steps=10**6, flags=flags)
-        if saved:
-            run.load_state_dict({"precision": saved, "measured": True})
-        chosen = run.settle(SegmentationLike(), (4, 3, 16, 16), channels_last=False)
-        with open(f"{out}.{rank}", "w") as f:
-            f.write(chosen)
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("kinds", "expected"), [(("native", "plain"), "fp32"), (("bf16 record", "native"), "bf16"),
-                                                 (("bf16 record", "fp32 record"), "fp32"),
-                                                 (("bf16 record", "plain"), "fp32")])
-def test_ranks_with_and_without_native_bf16_or_a_record_meet_in_one_all_reduce(tmp_path, kinds, expected):
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    init, out = f"file://{tmp_path / 'store'}", str(tmp_path / "chosen")
-    ranks = [context.Process(target=_settle_on_a_rank, args=(rank, init, out, kinds)) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(timeout=60)  # a rank left alone in the all-reduce would wait here
-    hung = [process.pid for process in ranks if process.is_alive()]
-    for process in ranks:
-        if process.is_alive():
-            process.kill()
-    assert not hung and [process.exitcode for process in ranks] == [0, 0]
-    assert [(tmp_path / f"chosen.{rank}").read_text() for rank in range(2)] == [expected, expected]
 
 
 @pytest.mark.parametrize("setting", list(Precision))
@@ -407,7 +246,7 @@ def test_the_checkpoint_record_is_plain_text_a_weights_only_load_takes(setting, 
     """The config's StrEnum never reaches a checkpoint: torch.load(weights_only=True) refuses its class."""
     if setting == Precision.fp16:
         return  # CUDA only
-    record = RunPrecision(setting, torch.device("cpu"), steps=1).state_dict()
+    record = RunPrecision(setting, torch.device("cpu")).state_dict()
     assert type(record["precision"]) is str
     torch.save({"precision": record}, tmp_path / "state.pt")
     assert torch.load(tmp_path / "state.pt", weights_only=True)["precision"] == record

@@ -4,10 +4,13 @@ the way a CUDA library does when its own allocation fails: a plain RuntimeError,
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
-CUDNN_ALLOC_FAILED = "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"
+# cuDNN 9 (the only cuDNN torch 2.11-2.14 ships) as torch words it: `cuDNN error: ` + cudnnGetErrorString
+CUDNN_ALLOC_FAILED = "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"
 
 
 class TinyNet(nn.Module):
@@ -35,4 +38,18 @@ class AllocFailingNet(TinyNet):
             self.forwards += 1
             if self.at <= self.forwards < self.at + self.times:
                 raise RuntimeError(self.message)
+        return super().forward(images)
+
+
+class OutOfMemoryOnRank(TinyNet):
+    """Runs out of memory as torch does (torch.OutOfMemoryError) on torchrun's rank `rank` for a training forward of
+    more than `limit` samples: a model too big for one rank's GPU at the configured batch."""
+
+    def __init__(self, num_classes: int, rank: int = 1, limit: int = 8) -> None:
+        super().__init__(num_classes)
+        self.rank, self.limit = rank, limit
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.training and images.shape[0] > self.limit and int(os.environ.get("RANK", 0)) == self.rank:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB ({images.shape[0]} samples)")
         return super().forward(images)

@@ -41,7 +41,7 @@ class TrainerConfig:
     epochs: int = 3
     max_steps: int | None = None  # stop after this many optimizer steps in total (smoke runs)
     grad_accum_steps: int = 1
-    precision: Precision = Precision.auto  # loop/precision.py: auto = bf16 where native (on a CPU: measured)
+    precision: Precision = Precision.auto  # loop/precision.py: auto = bf16 where native
     # samples per forward/backward; the optimizer still steps once per data.batch_size batch. null = the whole batch;
     # auto = the whole batch, halved on running out of GPU memory (train/loop/step.py)
     micro_batch_size: Any = None

@@ -7,7 +7,10 @@ convolutions use TF32.
 
 Only fp16 needs a GradScaler, and its `step` reads the found-inf flag on the host (a sync per optimizer step);
 bf16 has fp32's exponent range and needs none, so auto picks bf16 wherever it can.
-On a CPU a training run's auto is measured: cpu_precision.py.
+A native bf16 flag does not make every model faster on a CPU (resnet18 trains faster in bf16 here, lraspp slower:
+bench/RESULTS.md); a run does not time both before its first step (that cost start-up and ran outside the step's
+out-of-memory handling): `make tune` measures it (train/tune/cpu_precision.py) and writes the winner into
+hardware=local.
 """
 
 from __future__ import annotations
@@ -67,6 +70,29 @@ def native_bf16(flags: set[str] | None = None) -> list[str]:
     """The CPU's native bf16 flags among `flags` (this machine's by default)."""
     flags = cpu_flags() if flags is None else flags
     return [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+
+
+class RunPrecision:
+    """The run's resolved precision (`value`: bf16 | fp16 | fp32), a Stateful part of its checkpoints: a resume or
+    trainer.mode=validate with auto on a CPU with native bf16 keeps a checkpoint's fp32 (a run that trained in it),
+    so one run does not change its precision half-way; elsewhere `resolve` decides and a differing record is said."""
+
+    def __init__(self, setting: str, device: torch.device, *, flags: set[str] | None = None):
+        self.value = resolve(setting, device, flags=flags)
+        self.adoptable = setting == "auto" and device.type == "cpu" and self.value == "bf16"
+
+    def state_dict(self) -> dict:
+        return {"precision": str(self.value)}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state.get("precision")
+        if not saved or saved == self.value:
+            return
+        if self.adoptable and saved == "fp32":
+            self.value = "fp32"
+            log.info("precision: fp32 (trainer.precision=auto: the checkpoint's run trained in fp32)")
+        else:
+            log.info("precision: %s (the checkpoint was trained in %s)", self.value, saved)
 
 
 def autocast(device: torch.device, precision: str):

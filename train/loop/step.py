@@ -28,7 +28,7 @@ from train.build import instantiate
 from train.data.loader.batch import Batch
 from train.dist import DistEnv
 from train.errors import Diverged
-from train.loop import cpu_precision, precision
+from train.loop import precision
 from train.loop.compiled import CompiledModel
 from train.loop.config import TrainerConfig
 from train.loop.micro_batch import MicroBatch, is_out_of_memory
@@ -41,6 +41,14 @@ log = logging.getLogger(__name__)
 Optimizer = Callable[..., torch.optim.Optimizer]  # optimizer.* built with _partial_: parameters -> optimizer
 Schedule = Callable[..., torch.optim.lr_scheduler.LRScheduler]  # scheduler.*: (optimizer, total_steps, last_epoch)
 BatchMixer = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (images, targets, epoch, batch): the task's batch mix
+
+
+BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+def has_batch_norm(model: torch.nn.Module) -> bool:
+    """BatchNorm in training needs two samples a channel (deeplabv3's after its global pool): no slice of one."""
+    return any(isinstance(module, BATCH_NORMS) for module in model.modules())
 
 
 class TrainStep:
@@ -57,9 +65,7 @@ class TrainStep:
         self.task = task or Classification()
         self.input_shape = input_shape
         self.distributed = env.distributed
-        steps = min(self.total_steps, tc.max_steps or self.total_steps)
-        self.auto = cpu_precision.RunPrecision(tc.precision, device, steps=steps, training=tc.mode == "train",
-                                           deterministic=tc.deterministic)
+        self.auto = precision.RunPrecision(tc.precision, device)
         self.channels_last = tc.channels_last
         if self.precision == "fp32":
             precision.allow_tf32(device)
@@ -80,7 +86,7 @@ class TrainStep:
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.accum = tc.grad_accum_steps
         self.micro = 0  # batches since the last optimizer step
-        self.micro_batch = MicroBatch(tc.micro_batch_size, batch_size)
+        self.micro_batch = MicroBatch(tc.micro_batch_size, batch_size, smallest=2 if has_batch_norm(model) else 1)
         # trainer.on_nonfinite: stop = watch the losses without a sync (the loop acts on `watch`); skip = check the
         # all-reduced gradients before each update (one sync a step) and drop a non-finite step
         self.skip_nonfinite, self.max_skips = tc.on_nonfinite == "skip", tc.nonfinite_skips
@@ -103,14 +109,6 @@ class TrainStep:
     def precision(self) -> str:
         """The resolved precision: bf16 | fp16 | fp32."""
         return self.auto.value
-
-    def settle_precision(self) -> str:
-        """auto on a CPU: bf16 or fp32 measured on a copy of the model (cpu_precision.RunPrecision), by every rank at
-        once; run after a resume and before the loader's workers compete for the cores, else by the first step."""
-        if self.auto.pending:
-            shape = (min(self.micro_batch.size, cpu_precision.PROBE_BATCH), *self.input_shape)
-            self.auto.settle(self.model, shape, self.channels_last)
-        return self.precision
 
     def plan_schedule(self, step: int) -> torch.optim.lr_scheduler.LRScheduler:
         """The schedule over `total_steps`, positioned at `step` (0: a new run; else the optimizer was restored)."""
@@ -144,13 +142,16 @@ class TrainStep:
         if images.shape[0] == 0:
             shape = (0, *self.input_shape)
             return [(images.new_zeros(shape, dtype=torch.float32, device=self.device), targets)]
-        size = self.micro_batch.size
-        return [(images[i:i + size], targets[i:i + size]) for i in range(0, images.shape[0], size)]
+        size, count = self.micro_batch.size, images.shape[0]
+        starts = list(range(0, count, size))
+        if len(starts) > 1 and count - starts[-1] < self.micro_batch.smallest:  # BatchNorm: no 1-sample slice
+            starts.pop()
+        ends = [*starts[1:], count]
+        return [(images[i:j], targets[i:j]) for i, j in zip(starts, ends, strict=True)]
 
     def __call__(self, batch: Batch, where: tuple[int, int] = (0, 0)) -> tuple[torch.Tensor, bool]:
         """Train on one batch, `where` = (epoch, batch in epoch) seeds the batch mix; returns its mean loss
         (detached, not synced) and whether the optimizer stepped."""
-        self.settle_precision()
         if not len(batch) and not self.distributed:  # no readable sample, no other rank to keep in step
             return torch.zeros((), device=self.device), False
         self.micro += 1

@@ -87,7 +87,6 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
             resume_path = checkpoint.find_resume_path(tc.resume, run_dir, restarted=restarted)
             if resume_path is not None and tc.mode != "validate":
                 trainer.resume(resume_path)
-            trainer.step.settle_precision()  # auto on a bf16 CPU: measured here, before the loader's workers start
             if env.is_main:  # a resume refused above (another batch size mid-epoch) has written nothing
                 record_start(cfg, run_dir, env, device, data.plan, trainer, resume_path)  # as build_data settled it
             records = [trainer.validate(Path(tc.resume))] if tc.mode == "validate" else trainer.fit()

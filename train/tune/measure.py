@@ -28,10 +28,12 @@ from train.device import select_device
 from train.dist import DistEnv, seed_everything
 from train.errors import bad_value
 from train.loop.model import build_model
+from train.loop.precision import native_bf16
 from train.loop.step import TrainStep
 from train.observe.memory import MIB, MemorySampler
 from train.observe.meter import EpochMeter
 from train.task import build_task
+from train.tune import cpu_precision
 from train.tune.config import validate_tune
 
 log = logging.getLogger("train.tune")
@@ -125,27 +127,35 @@ def read_choices(path: Path) -> dict:
     return chosen if isinstance(chosen, dict) else {}
 
 
-def settle_once(step: TrainStep, cfg: DictConfig, directory: Path, num_outputs: int) -> str:
-    """trainer.precision=auto on a CPU: the precision measured once per sweep for each model and input (in
-    `directory`'s PRECISION_FILE, by the first job to train it, before its loader's workers start), so every job
-    that trains the model trains in the same precision and a job's timing does not include a measurement. Only a
-    measured choice is written (a CPU without native bf16 or a capped warm-up costs no timing to redo)."""
-    if not step.auto.pending:
-        return step.precision
+def settle_once(cfg: DictConfig, model: torch.nn.Module, device: torch.device, directory: Path,
+                num_outputs: int) -> str | None:
+    """trainer.precision=auto on a CPU with native bf16: bf16 or fp32 measured once per sweep for each model and
+    input (in `directory`'s PRECISION_FILE, by the first job to train it, before its loader's workers start), so every
+    job that trains the model trains in it, a job's timing does not include a measurement, and tune.autotune=true
+    writes it into hardware=local. None (auto stands) where nothing is to be or could be measured."""
+    tc, data = cfg.trainer, cfg.data
+    if tc.precision != "auto" or device.type != "cpu" or not native_bf16() or tc.deterministic:
+        return None
+    micro = data.batch_size if tc.micro_batch_size in (None, "auto") else min(int(tc.micro_batch_size),
+                                                                              data.batch_size)
+    shape = (min(micro, cpu_precision.PROBE_BATCH), 3, data.image_size, data.image_size)
     path = directory / PRECISION_FILE
     key = json.dumps({"model": OmegaConf.to_container(cfg.model, resolve=True), "outputs": num_outputs,
-                      "dataset": cfg.dataset._target_, "input": step.input_shape,
-                      "micro_batch": step.micro_batch.size, "channels_last": step.channels_last}, sort_keys=True)
+                      "dataset": cfg.dataset._target_, "input": shape[1:], "micro_batch": micro,
+                      "channels_last": tc.channels_last}, sort_keys=True)
     chosen = read_choices(path)
-    if chosen.get(key) in ("bf16", "fp32"):
-        step.auto.adopt(chosen[key], "an earlier job of this sweep")
-    step.settle_precision()
-    if step.auto.measured and chosen.get(key) != step.precision:
-        chosen[key] = step.precision
+    value = chosen.get(key)
+    if value in ("bf16", "fp32"):
+        log.info("precision: %s (measured by an earlier job of this sweep)", value)
+    else:
+        value = cpu_precision.measured(model, shape, tc.channels_last)
+        if value is None:
+            return None
+        chosen[key] = value
         temporary = path.with_name(f".{PRECISION_FILE}.{os.getpid()}")
         temporary.write_text(json.dumps(chosen, indent=2) + "\n")
         os.replace(temporary, path)  # a reader sees the old file or the new one, never half of one
-    return step.precision
+    return value
 
 
 def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
@@ -185,9 +195,12 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     if tune.with_model:  # real training steps: the model, optimizer, precision and scaler of python -m train
         outputs = task.num_outputs(pipeline.source)
         model = build_model(cfg.model, outputs, device, channels_last=cfg.trainer.channels_last)
+        chosen = settle_once(cfg, model, device, precision_dir(job_dir), outputs)
+        if chosen is not None:  # trained in, and written into hardware=local by tune.autotune=true
+            cfg.trainer.precision = settings["trainer"]["precision"] = chosen
         step = TrainStep.from_config(cfg, env, device, model, total_steps=tune.repeats * len(loader), task=task)
         step.ddp.train()
-        record["precision"] = settle_once(step, cfg, precision_dir(job_dir), outputs)
+        record["precision"] = step.precision
     per_epoch = min(len(loader), tune.warmup_batches + (tune.batches or len(loader)))
     desc = f"job {job}: workers={num_workers} pin={pin_memory} persistent={cfg.data.persistent_workers}"
     bar = progress_bar(tune.repeats * per_epoch, desc, cfg.trainer.progress, leave=False)
