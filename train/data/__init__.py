@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,7 +35,9 @@ from train.data.source import Offers, Source, check_sources, first_readable, sam
 from train.data.transforms import resize_size
 from train.dist import DistEnv
 from train.errors import ConfigError
-from train.task import Classification, Task, build_task
+
+if TYPE_CHECKING:  # the task package imports the data path (masks), not the other way at import time
+    from train.task import Task
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,8 @@ class DataPipeline:
 def build_sources(spec, data, task: Task | None = None) -> tuple[Source, Source]:
     """`dataset._target_` built with split="train" and "val", checked (source.py) for `task` (classification when
     none is given); a source that can decode at a smaller size gets the resize size when data.scaled_decode."""
+    from train.task import Classification
+
     spec = fitted_spec("dataset", spec, optional=("root",))  # a class of your own may take no root
     train, val = (instantiate("dataset", spec, split=split) for split in ("train", "val"))
     check_sources(spec._target_, train, val, task or Classification())
@@ -205,6 +210,8 @@ def build_data(data, sources: tuple[Source, Source], recipe: Recipe, plan: Loade
 def data_from_config(cfg, env: DistEnv, device: torch.device, recipe: Recipe | None = None,
                      typed_workers: bool = True) -> DataPipeline:
     """`build_data` with every part built from a composed config (tests, benchmarks, tune)."""
+    from train.task import build_task
+
     recipe = recipe or instantiate("augment", cfg.augment)
     task = build_task(cfg)
     plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers).for_task(task)
