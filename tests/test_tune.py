@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF, compose_config, read_metrics, run_cli
 from train.errors import ConfigError
+from train.loop.precision import native_bf16
 from train.tune.config import check_sweep, default_sweep, expand_sweep, register_tune
 from train.tune.measure import RESULT_FILE, find_duplicate, measured_config
 from train.tune.profile import pick_best
@@ -132,6 +133,8 @@ def test_with_model_reports_data_stall(tiny_dataset, tmp_path):
     assert result["status"] == "ok" and result["images_per_s"] > 0
     assert 0.0 <= result["data_stall_frac"] <= 1.0
     assert (run_dir / "results.csv").is_file()
+    # trainer.precision=auto on a CPU with native bf16: measured once, trained in, and what hardware=local would say
+    assert result["settings"]["trainer"]["precision"] == (result["precision"] if native_bf16() else "auto")
 
 
 def _result(job: int, images_per_s: float, rss: float) -> dict:
