@@ -6,8 +6,9 @@ The box is drawn in the worker (samples.py) with the same torch RNG calls the CP
 would decode (transforms.DirectCompose; the DCT-scaled size where data.scaled_decode applies), from the header
 alone: a device-decoded run crops the same boxes as a CPU-decoded one of the same seed, and a resumed run the same
 pixels. A file the device decoder refuses (not a JPEG, or one nvJPEG cannot decode) is decoded on the CPU instead and
-counted (`Batch.decode_fallbacks`), torchcodec's first reason logged once; a device that refuses every file of its first
-batch that the CPU can read fails the run in one line, rather than training at a fraction of data.decode=cpu's speed.
+counted (`Batch.decode_fallbacks`), torchcodec's first reason logged once. A device that refuses the JPEGs of its first
+call, one of which the CPU then reads, cannot decode at all (an nvJPEG whose backend cannot start): the run fails in
+one line rather than train at a fraction of data.decode=cpu's speed.
 
 torchcodec turns every JPEG upright by its EXIF orientation (a phone photo tagged "rotate 90" comes out W x H), while
 the CPU path keeps pixels as stored (decode.py says why) and the boxes are drawn on the stored size. The worker reads
