@@ -1,11 +1,13 @@
 """data.decode=device on a CPU (trainer.device=cpu runs the same code as CUDA, with torchcodec's CPU decoder): workers
 ship encoded files through the shared-memory ring, the batch is decoded where it trains, the boxes are those of a
 CPU-decoded run of the same seed, refused files fall back to the CPU (counted), bad ones are skipped, resume is
-exact."""
+exact; device memory, /dev/shm and a device that cannot decode stay bounded and said."""
 
 from __future__ import annotations
 
+import io
 import itertools
+import logging
 import os
 import shutil
 import subprocess
@@ -22,13 +24,24 @@ from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli, whole_and_resumed
 from train.config import validate
 from train.data import data_from_config
-from train.data.fast.encoded import FLIP, as_stored, place
+from train.data.fast.decode import exif_orientation
+from train.data.fast.encoded import (
+    FLIP,
+    SLOT_CAP_BYTES,
+    DeviceDecoder,
+    Encoded,
+    EncodedSample,
+    as_stored,
+    place,
+    resize_group,
+    slot_bytes,
+)
 from train.data.geometry import BoxPlan
 from train.data.transforms import MEAN, STD
 from train.dist import DistEnv
 from train.errors import ConfigError
 
-CPU = torch.device("cpu")
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
 
 def config(root: Path, *extra: str):
@@ -36,13 +49,15 @@ def config(root: Path, *extra: str):
                            "trainer.epochs=2", *extra])
 
 
-def epoch(cfg, epoch_index: int = 0, limit: int | None = None) -> tuple[list, list, object]:
-    """(training batches, validation images, the training collate) of one epoch."""
-    with data_from_config(cfg, DistEnv(), CPU) as data:
+def epoch(cfg, epoch_index: int = 0, limit: int | None = None, device: torch.device = CPU) \
+        -> tuple[list, list, object]:
+    """(training batches, validation images, the training collate) of one epoch, run on `device`, copied to the
+    CPU."""
+    with data_from_config(cfg, DistEnv(), device) as data:
         data.set_epoch(epoch_index)
-        train = [(b.images.clone(), b.targets.clone(), b.bad, b.decode_fallbacks)
+        train = [(b.images.to(CPU, copy=True), b.targets.to(CPU, copy=True), b.bad, b.decode_fallbacks)
                  for b in itertools.islice(data.train, limit)]
-        val = [b.images.clone() for b in data.val]
+        val = [b.images.to(CPU, copy=True) for b in data.val]
         return train, val, data.train.loader.collate_fn.collate
 
 
@@ -113,6 +128,103 @@ def test_a_batch_is_placed_as_each_image_alone():
             assert 0 < rows[:, FLIP].sum() < len(rows) or plan.flip is None
             alone = torch.cat([place([image], rows[i:i + 1]) for i, image in enumerate(images)])
             assert torch.equal(place(list(images), rows), alone)
+
+
+def test_large_images_resize_in_groups_bounded_by_bytes_with_the_same_pixels():
+    """On CUDA F.resize casts a stacked group to float32: a group of 32 12 MP photos would be a 4.7 GB copy. The group
+    shrinks with the image (one at a time for 12 MP), and an image placed in a smaller group is placed as alone."""
+    def of(height: int, width: int) -> torch.Tensor:
+        return torch.zeros((), dtype=torch.uint8).expand(3, height, width)
+
+    assert resize_group(of(3024, 4032)) == 1 and resize_group(of(1024, 1024)) == 21 and resize_group(of(256, 256)) == 32
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, 1200, 1600), dtype=torch.uint8, generator=generator) for _ in range(12)]
+    assert resize_group(images[0]) == 11  # two groups of this size: 11, then 1
+    plan = BoxPlan.of(v2.Compose([v2.Resize(40), v2.RandomCrop(32), v2.RandomHorizontalFlip()]))
+    torch.manual_seed(0)
+    rows = np.array([plan.draw(tuple(image.shape[1:]), None) for image in images], dtype=np.int64)
+    alone = torch.cat([place([image], rows[i:i + 1]) for i, image in enumerate(images)])
+    assert torch.equal(place(list(images), rows), alone)
+
+
+def test_a_ring_slot_holds_a_typical_batch_not_a_batch_of_the_largest_file():
+    """Slots of 2 x the largest probed file x the batch needed ~120 GB of /dev/shm for 12 MP photos at the a100
+    profile. A slot is 1.5 x a batch of the mean file, at least the largest file, at most a few hundred MB; a batch
+    that does not fit takes the plain collate (tests/test_shm_ring.py)."""
+    photos = [1_400_000 + 10_000 * n for n in range(63)]  # 1.4-2 MB, as data/photos-12mp
+    typical = 128 * sum(photos) / len(photos)
+    assert 1.2 * typical < slot_bytes(photos, 128) <= SLOT_CAP_BYTES <= 512 << 20
+    assert slot_bytes([*photos, 900_000_000], 128) == SLOT_CAP_BYTES, "one huge outlier: bounded"
+    small = [100_000] * 63 + [20_000_000]
+    assert slot_bytes(small, 32) == 20_000_000, "the outlier alone fits, a batch of it does not (1.28 GB)"
+    assert slot_bytes(small, 1) == max(small), "batch size 1: the largest file fits"
+
+
+def jpeg(seed: int, size: tuple[int, int] = (48, 64)) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def encoded_batch(files: list[bytes]) -> Encoded:
+    plan = BoxPlan.of(v2.CenterCrop(16))
+    return Encoded.join([EncodedSample(data, plan.draw((48, 64), None)) for data in files])
+
+
+def test_a_device_that_refuses_every_file_of_its_first_batch_fails_in_one_line(caplog):
+    """An nvJPEG that cannot start refuses every file: the run fails naming torchcodec's reason, rather than
+    decoding every batch on the CPU in the main thread, and warns once before."""
+    def cannot_start(files, device):
+        raise RuntimeError("Failed to initialize nvjpeg with hardware backend: 5\n  (from DecodeJpegCuda.cpp:219)")
+
+    decoder = DeviceDecoder(CPU)
+    decoder.decode_jpeg = cannot_start
+    with caplog.at_level(logging.WARNING), pytest.raises(ConfigError) as err:
+        decoder(encoded_batch([jpeg(seed) for seed in range(3)]))
+    assert str(err.value) == ("data.decode=device cannot decode on cpu: Failed to initialize nvjpeg with hardware "
+                              "backend: 5; use data.decode=cpu")
+    assert [r.getMessage() for r in caplog.records if "torchcodec refused" in r.getMessage()] == [
+        "data.decode=device: torchcodec refused a file on cpu (Failed to initialize nvjpeg with hardware backend: 5); "
+        "such files are decoded on the CPU (decode_fallbacks in metrics.jsonl)"]
+
+
+def test_files_refused_after_the_device_decoded_fall_back_with_the_reason_logged_once(caplog):
+    """Once the device has decoded, a file it refuses is decoded on the host (the same pixels) and counted; the
+    first reason is logged, once over the batches."""
+    files = [jpeg(seed) for seed in range(5)]
+    real = DeviceDecoder(CPU)
+    want, fallbacks, unreadable = real(encoded_batch(files))
+    assert fallbacks == 0 and not unreadable
+
+    def refusing_file_2(batch, device):
+        if any(bytes(f.numpy()) == files[2] for f in (batch if isinstance(batch, list) else [batch])):
+            raise RuntimeError("nvjpegDecode failed: 7 (NVJPEG_STATUS_JPEG_NOT_SUPPORTED)")
+        return real.decode_jpeg(batch, device=device)
+
+    decoder = DeviceDecoder(CPU)
+    decoder.decode_jpeg = refusing_file_2
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            images, fallbacks, unreadable = decoder(encoded_batch(files))
+            assert torch.equal(images, want) and fallbacks == 1 and not unreadable
+    assert sum("torchcodec refused a file on cpu (nvjpegDecode failed: 7" in r.getMessage()
+               for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_out_of_memory_in_the_decoder_is_raised_not_decoded_on_the_host(batched, caplog):
+    """torch.OutOfMemoryError is a RuntimeError: swallowed, a batched OOM became a decode per file on the host."""
+    def out_of_memory(files, device):
+        if isinstance(files, list) and not batched:
+            raise RuntimeError("nvjpegDecodeBatched failed")
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.50 GiB")
+
+    decoder = DeviceDecoder(CPU)
+    decoder.decode_jpeg = out_of_memory
+    with caplog.at_level(logging.WARNING), pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 4.50"):
+        decoder(encoded_batch([jpeg(seed) for seed in range(3)]))
+    assert not caplog.records
 
 
 def test_an_orientation_torchcodec_did_not_apply_sends_the_file_to_the_host():
@@ -238,3 +350,25 @@ def test_exif_rotated_photos_give_the_pixels_of_a_cpu_decoded_run(phone_photos, 
         assert torch.equal(labels_a, labels_b) and fallbacks == 0, "decoded by torchcodec, not the CPU fallback"
         assert torch.equal(a, b)
     assert all(torch.equal(a, b) for a, b in zip(cpu_val, device_val, strict=True))
+
+
+@pytest.mark.parametrize("recipe", ["crop_flip", "imagenet"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here (make gpu-check on a GPU)")
+def test_exif_rotated_photos_decoded_on_cuda_match_a_cpu_decoded_run(phone_photos, recipe):
+    """torchcodec's CUDA decoder reads the EXIF tag with its own APP1 scan, not libjpeg's markers as on the CPU. A tag
+    it reads otherwise than PIL is a host fallback for orientations 5-8 (the shape differs) and, for 2-4, a mirrored
+    or flipped sample: tens of levels off (at least 9 on these photos). nvJPEG's IDCT and CUDA's float resize round
+    otherwise than libjpeg-turbo and the CPU's uint8 resize: each sample within a few levels."""
+    assert {exif_orientation(path.read_bytes()) for path in phone_photos.glob("*/*/*.jpg")} == set(range(1, 9))
+    common = (f"augment={recipe}", "data.batch_size=8", "data.drop_last=false", "data.scaled_decode=false")
+    cpu, cpu_val, _ = epoch(config(phone_photos, *common, "data.num_workers=0"))
+    device, device_val, _ = epoch(config(phone_photos, *common, "data.num_workers=2", "data.decode=device"),
+                                  device=CUDA)
+    assert len(cpu) == len(device) == 5 and len(cpu_val) == len(device_val) == 3
+    for (_, labels_a, _, _), (_, labels_b, _, fallbacks) in zip(cpu, device, strict=True):
+        assert torch.equal(labels_a, labels_b) and fallbacks == 0, "decoded by nvJPEG, not the CPU fallback"
+    pairs = [(a[0], b[0]) for a, b in zip(cpu, device, strict=True)] + list(zip(cpu_val, device_val, strict=True))
+    for a, b in pairs:
+        error = (pixels(a) - pixels(b)).abs().mean(dim=(1, 2, 3))  # per sample
+        assert float(error.max()) < 3, error.tolist()

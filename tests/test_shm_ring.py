@@ -8,12 +8,14 @@ import resource
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.transforms import v2
 
+from train.data.fast.encoded import EncodedSample, slot_bytes
 from train.data.loader.batch import Batch, collate
 from train.data.loader.plan import RING_SPARE_SLOTS, LoaderPlan
 from train.data.loader.ring import ShmRing, build_collate
@@ -266,3 +268,49 @@ def test_a_failing_sample_still_raises_through_the_ring(workers):
             list(failing)
     finally:  # the raise leaves workers mid-epoch: ended here, not by a later test's garbage collection
         shutdown_workers(failing)
+
+
+class EncodedFiles(Dataset):
+    """data.decode=device's samples: encoded files of 100-400 bytes, and one of 5,000 (index 13)."""
+
+    def __len__(self) -> int:
+        return 45
+
+    def __getitem__(self, index: int):
+        size = 5_000 if index == 13 else 100 + 50 * (index % 7)
+        data = np.random.default_rng(index).integers(0, 256, size, dtype=np.uint8).tobytes()
+        return EncodedSample(data, (index,) * 15), index % 5, index
+
+
+def encoded_loader(collate, workers: int = 2, pin_memory: bool = False):
+    return StatefulDataLoader(EncodedFiles(), batch_size=BATCH, collate_fn=collate, num_workers=workers,
+                              prefetch_factor=2 if workers else None, pin_memory=pin_memory)
+
+
+def encoded_ring(pin_memory: bool = False) -> ShmRing:
+    """A ring with slots as data.decode=device sizes them from the files."""
+    files = EncodedFiles()
+    slot = slot_bytes([len(files[i][0].data) for i in range(len(files))], BATCH)
+    assert sum(len(files[i][0].data) for i in range(12, 18)) > slot, "the outlier's batch does not fit"
+    return ShmRing(2, RING_SPARE_SLOTS + 2, (slot,), torch.uint8, pin_memory=pin_memory)
+
+
+def test_an_encoded_batch_larger_than_its_slot_takes_the_plain_collate_with_the_same_files():
+    ring = encoded_ring()
+    got, want = list(encoded_loader(ring)), list(encoded_loader(collate, workers=0))
+    assert len(got) == len(want) == 8
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a.targets, b.targets) and torch.equal(a.indices, b.indices)
+        assert torch.equal(a.encoded.data, b.encoded.data) and np.array_equal(a.encoded.offsets, b.encoded.offsets)
+        assert np.array_equal(a.encoded.geometry, b.encoded.geometry)
+    assert int(ring.received.max()) > 0 and int(ring.overruns) == 0, "the other batches went through the ring"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here (make gpu-check on a GPU)")
+def test_encoded_files_cross_unpinned_beside_pinned_labels():
+    """nvJPEG reads encoded files through host pointers: pinning them (a copy a batch, into page-locked blocks the
+    caching allocator never returns) would only cost."""
+    batches = list(encoded_loader(encoded_ring(pin_memory=True), pin_memory=True))
+    assert len(batches) == 8
+    assert all(b.targets.is_pinned() and not b.encoded.data.is_pinned() for b in batches)

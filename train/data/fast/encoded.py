@@ -6,7 +6,9 @@ The box is drawn in the worker (samples.py) with the same torch RNG calls the CP
 would decode (transforms.DirectCompose; the DCT-scaled size where data.scaled_decode applies), from the header
 alone: a device-decoded run crops the same boxes as a CPU-decoded one of the same seed, and a resumed run the same
 pixels. A file the device decoder refuses (not a JPEG, or one nvJPEG cannot decode) is decoded on the CPU instead and
-counted (`Batch.decode_fallbacks`).
+counted (`Batch.decode_fallbacks`), torchcodec's first reason logged once. A device that refuses the JPEGs of its first
+call, one of which the CPU then reads, cannot decode at all (an nvJPEG whose backend cannot start): the run fails in
+one line rather than train at a fraction of data.decode=cpu's speed.
 
 torchcodec turns every JPEG upright by its EXIF orientation (a phone photo tagged "rotate 90" comes out W x H), while
 the CPU path keeps pixels as stored (decode.py says why) and the boxes are drawn on the stored size. The worker reads
@@ -14,12 +16,13 @@ the tag with the header; the decoder undoes the turn before anything else, so bo
 
 The batch is placed in a few calls rather than a few per image (each a kernel launch or more on CUDA): the images of
 one size bound for one size go through one resize, the crops of one size (RandomResizedCrop) through another, the
-flipped crops through one flip.
+flipped crops through one flip. Device memory stays bounded on camera photos (a 12 MP JPEG is 36 MB decoded): files
+are decoded DECODE_GROUP at a time, each full-size image is dropped as soon as its resized copy exists, and a resize
+group's float32 copy (F.resize casts uint8 to float on CUDA) stays under RESIZE_GROUP_BYTES.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -44,6 +47,9 @@ STORED_H, STORED_W, DECODED_H, DECODED_W, RESIZED_H, RESIZED_W, TOP, LEFT, CROP_
     RESIZES, ORIENTATION = range(15)
 
 RESIZE_GROUP = 32  # images resized in one call at most: larger stacks of full-size images fall out of a CPU's caches
+RESIZE_GROUP_BYTES = 256 << 20  # a resize group's float32 copy at most (on CUDA F.resize casts uint8 to float)
+DECODE_GROUP = 32  # files decoded, and placed, at a time: nvJPEG's batch is efficient there, and few decodes are alive
+SLOT_CAP_BYTES = 256 << 20  # a ring slot of encoded files at most: a loader's ring holds workers x slots of them
 
 # What turns an image torchcodec decoded upright by EXIF orientation 2-8 (as PIL's ImageOps.exif_transpose does)
 # back to its stored pixels, on (C, H, W): the inverse of each mirroring or quarter turn.
@@ -98,32 +104,61 @@ class DeviceDecoder:
         from torchcodec.decoders import decode_jpeg  # checked at build time (config: data.decode)
 
         self.device, self.decode_jpeg = device, decode_jpeg
+        self.decoded = False  # any file decoded on the device yet: until then a refusal may be the device's own
+        self.refusal: str | None = None  # torchcodec's first reason for refusing a file
 
     def __call__(self, encoded: Encoded) -> tuple[torch.Tensor, int, list[int]]:
         files, rows = encoded.files(), encoded.geometry
-        jpeg = [bytes(f[:3].numpy()) == JPEG_MAGIC for f in files]
-        images: list[torch.Tensor | None] = [None] * len(files)
-        batch = [i for i, is_jpeg in enumerate(jpeg) if is_jpeg]
-        try:
-            for i, image in zip(batch, self.decode_jpeg([files[i] for i in batch], device=self.device), strict=True):
-                images[i] = as_stored(image, rows[i])
-        except RuntimeError:  # one file the batched decoder refuses fails the batch: each on its own
-            for i in batch:
-                with contextlib.suppress(RuntimeError):  # left None: decoded on the host below
-                    images[i] = as_stored(self.decode_jpeg(files[i], device=self.device), rows[i])
-        fallbacks, unreadable = 0, []
-        for i, image in enumerate(images):
-            if image is None:  # not a JPEG, or refused: libjpeg-turbo / PIL on the host, whole, as stored
-                try:
-                    images[i] = decode_image_file(files[i].numpy().tobytes()).to(self.device)
+        placed, fallbacks, unreadable = [], 0, []
+        for start in range(0, len(files), DECODE_GROUP):
+            group = range(start, min(start + DECODE_GROUP, len(files)))
+            jpeg = [j for j, i in enumerate(group) if bytes(files[i][:3].numpy()) == JPEG_MAGIC]
+            images = self._on_device([files[i] for i in group], rows[group.start:group.stop], jpeg)
+            for j, i in enumerate(group):
+                if images[j] is None:  # not a JPEG, or refused: libjpeg-turbo / PIL on the host, whole, as stored
+                    try:
+                        images[j] = decode_image_file(files[i].numpy().tobytes()).to(self.device)
+                    except UNREADABLE as err:
+                        log.warning("skipping unreadable sample %d of the batch (decode on the device): %s", i, err)
+                        unreadable.append(i)
+                        continue
                     fallbacks += 1
-                except UNREADABLE as err:
-                    log.warning("skipping unreadable sample %d of the batch (decode on the device): %s", i, err)
-                    unreadable.append(i)
-        kept = [i for i, image in enumerate(images) if image is not None]
-        if not kept:
+                    if not self.decoded and j in jpeg:  # a good JPEG, and the device has decoded none yet
+                        raise ConfigError(f"data.decode=device cannot decode on {self.device}: {self.refusal}; "
+                                          "use data.decode=cpu")
+            kept = [j for j, image in enumerate(images) if image is not None]
+            images = [images[j] for j in kept]  # the only reference left: place() drops each once resized
+            if images:
+                placed.append(place(images, rows[group.start:group.stop][kept]))
+        if not placed:
             return EMPTY_IMAGES.to(self.device), fallbacks, unreadable
-        return place([images[i] for i in kept], rows[kept]), fallbacks, unreadable
+        return (placed[0] if len(placed) == 1 else torch.cat(placed)), fallbacks, unreadable
+
+    def _on_device(self, files: list[torch.Tensor], rows: np.ndarray, jpeg: list[int]) -> list[torch.Tensor | None]:
+        """The files at `jpeg` decoded on the device, as stored; None for the others and those the device refused."""
+        try:
+            decoded = self.decode_jpeg([files[j] for j in jpeg], device=self.device)
+        except torch.OutOfMemoryError:  # a RuntimeError too: the run's out-of-memory handling says where
+            raise
+        except RuntimeError:  # one file the batched decoder refuses fails the batch: each on its own
+            decoded = [self._one(files[j]) for j in jpeg]
+        images: list[torch.Tensor | None] = [None] * len(files)
+        for j, image in zip(jpeg, decoded, strict=True):
+            if image is not None:
+                images[j], self.decoded = as_stored(image, rows[j]), True
+        return images
+
+    def _one(self, file: torch.Tensor) -> torch.Tensor | None:
+        try:
+            return self.decode_jpeg(file, device=self.device)
+        except torch.OutOfMemoryError:  # a RuntimeError too: the run's out-of-memory handling says where
+            raise
+        except RuntimeError as err:
+            if self.refusal is None:
+                self.refusal = first_line(err)
+                log.warning("data.decode=device: torchcodec refused a file on %s (%s); such files are decoded on "
+                            "the CPU (decode_fallbacks in metrics.jsonl)", self.device, self.refusal)
+            return None
 
 
 def as_stored(image: torch.Tensor, row: np.ndarray) -> torch.Tensor | None:
@@ -145,21 +180,28 @@ def stored_box(row: list[int]) -> tuple[int, int, int, int]:
     return top, left, height, width
 
 
-def resized_together(images: list[torch.Tensor], sizes: list[tuple[int, int] | None]) -> list[torch.Tensor]:
-    """`images` resized to `sizes` (None: kept), antialiased as the CPU path resizes: the images of one size bound
-    for one size stacked and resized in one call, RESIZE_GROUP at a time."""
+def resize_group(image: torch.Tensor) -> int:
+    """How many images of `image`'s size one resize call takes: RESIZE_GROUP, fewer where their float32 copy would
+    pass RESIZE_GROUP_BYTES (one at a time for 12 MP photos, whose float copy is 146 MB)."""
+    return max(1, min(RESIZE_GROUP, RESIZE_GROUP_BYTES // (4 * image.numel())))
+
+
+def resize_in_place(images: list[torch.Tensor], sizes: list[tuple[int, int] | None]) -> None:
+    """`images` resized to `sizes` (None: kept), antialiased as the CPU path resizes, each replaced in the list as
+    soon as its copy exists (a full-size decode is freed there, when the list held its last reference): the images
+    of one size bound for one size stacked and resized in one call, `resize_group` at a time."""
     groups: dict[tuple, list[int]] = {}
     for i, (image, size) in enumerate(zip(images, sizes, strict=True)):
         if size is not None and tuple(image.shape[-2:]) != size:
             groups.setdefault((tuple(image.shape), size), []).append(i)
-    out = list(images)
     for (_, size), members in groups.items():
-        for start in range(0, len(members), RESIZE_GROUP):
-            chunk = members[start:start + RESIZE_GROUP]
+        step = resize_group(images[members[0]])
+        for start in range(0, len(members), step):
+            chunk = members[start:start + step]
             stacked = torch.stack([images[i] for i in chunk]) if len(chunk) > 1 else images[chunk[0]][None]
             for i, image in zip(chunk, F.resize(stacked, list(size), antialias=True), strict=True):
-                out[i] = image
-    return out
+                images[i] = image
+            del stacked
 
 
 def flipped_together(images: list[torch.Tensor], flips: list[int]) -> list[torch.Tensor]:
@@ -175,15 +217,16 @@ def flipped_together(images: list[torch.Tensor], flips: list[int]) -> list[torch
 def place(images: list[torch.Tensor], rows: np.ndarray) -> torch.Tensor:
     """Decoded images (stored orientation and size) through their geometry rows as the CPU path transforms each:
     resized, cropped, resized to the output size (RandomResizedCrop), flipped; one uint8 batch (N, 3, OUT_H, OUT_W),
-    in a few calls per batch rather than a few per image."""
+    in a few calls per batch rather than a few per image. `images` is used up: each is replaced by its next stage."""
     rows = rows.tolist()
-    images = resized_together(images, [(r[RESIZED_H], r[RESIZED_W]) if r[RESIZES] else None for r in rows])
-    crops = []
-    for image, row in zip(images, rows, strict=True):
+    resize_in_place(images, [(r[RESIZED_H], r[RESIZED_W]) if r[RESIZES] else None for r in rows])
+    for i, row in enumerate(rows):
         top, left, height, width = stored_box(row)
-        crops.append(image[:, top:top + height, left:left + width])
-    crops = resized_together(crops, [(r[OUT_H], r[OUT_W]) for r in rows])
-    return torch.stack(flipped_together(crops, [i for i, r in enumerate(rows) if r[FLIP]]))
+        images[i] = images[i][:, top:top + height, left:left + width]
+    resize_in_place(images, [(r[OUT_H], r[OUT_W]) for r in rows])
+    batch = torch.stack(flipped_together(images, [i for i, r in enumerate(rows) if r[FLIP]]))
+    images.clear()  # crops kept at their size are views of a full-size decode
+    return batch
 
 
 def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device: torch.device) \
@@ -213,6 +256,12 @@ def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device:
     # the first shard alone where the source is sharded: a remote store is not read wholesale at start
     last = int(train.shard_starts[1]) if Offers.of(train).shard_starts else len(train)
     probe = np.linspace(0, last - 1, num=min(last, 64)).astype(int).tolist()
-    largest = max(len(train.read_encoded(index)[0]) for index in probe)
-    # a batch of the largest files seen, twice over; a larger batch takes the plain collate (ring.py warns)
-    return boxes, dataclasses.replace(plan, encoded_batch_bytes=2 * largest * plan.batch_size), decoder
+    sizes = [len(train.read_encoded(index)[0]) for index in probe]
+    return boxes, dataclasses.replace(plan, encoded_batch_bytes=slot_bytes(sizes, plan.batch_size)), decoder
+
+
+def slot_bytes(sizes: list[int], batch_size: int) -> int:
+    """A ring slot for a batch of encoded files, from the probed files' `sizes`: 1.5 x a batch of the mean file, at
+    least the largest file, at most SLOT_CAP_BYTES. A batch that does not fit takes the plain collate (ring.py);
+    room for a batch of the largest file would reserve GBs of /dev/shm per worker on camera photos."""
+    return min(SLOT_CAP_BYTES, max(int(1.5 * sum(sizes) / len(sizes) * batch_size), max(sizes)))

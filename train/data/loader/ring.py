@@ -67,7 +67,8 @@ def _take(token: str, worker: int, count: int, n: int, channels_last: bool, targ
         return Batch(ring.copy_out(worker, count, n, channels_last), targets, indices, bad)
     labels = torch.from_numpy(targets), indices
     size, offsets, geometry = encoded
-    return Batch(EMPTY_IMAGES, *labels, bad, encoded=Encoded(ring.copy_flat(worker, count, size), offsets, geometry))
+    data = ring.copy_flat(worker, count, size, pin=False)  # nvJPEG reads host pointers: pinning would only cost
+    return Batch(EMPTY_IMAGES, *labels, bad, encoded=Encoded(data, offsets, geometry))
 
 
 class RingBatch:
@@ -120,10 +121,11 @@ class ShmRing:
         shape = (n, *self.buffers.shape[3:])
         return batch_view(self.copy_flat(worker, count, n * int(np.prod(shape[1:]))), shape, channels_last)
 
-    def copy_flat(self, worker: int, count: int, size: int) -> torch.Tensor:
-        """The first `size` elements of the slot of worker `worker`'s `count`-th batch, copied; the slot received."""
+    def copy_flat(self, worker: int, count: int, size: int, pin: bool = True) -> torch.Tensor:
+        """The first `size` elements of the slot of worker `worker`'s `count`-th batch, copied (into pinned memory
+        where the ring pins and `pin`); the slot received."""
         slot = count % self.slots
-        copy = self._copied(self.buffers[worker, slot].view(-1)[:size])
+        copy = self._copied(self.buffers[worker, slot].view(-1)[:size], pin)
         self.received[worker, slot] = count + 1
         return copy
 
@@ -131,8 +133,9 @@ class ShmRing:
         """The `n` masks of worker `worker`'s `count`-th batch, copied (`copy_flat` then marks the slot received)."""
         return self._copied(self.masks[worker, count % self.slots, :n])
 
-    def _copied(self, source: torch.Tensor) -> torch.Tensor:
-        copy = torch.empty(source.shape, dtype=source.dtype, pin_memory=self.pin_memory and torch.cuda.is_available())
+    def _copied(self, source: torch.Tensor, pin: bool = True) -> torch.Tensor:
+        pinned = pin and self.pin_memory and torch.cuda.is_available()
+        copy = torch.empty(source.shape, dtype=source.dtype, pin_memory=pinned)
         # numpy's single-threaded memcpy: torch's copy_ splits a batch over the intra-op threads, whose barrier
         # waits for cores the workers hold
         np.copyto(copy.numpy(), source.numpy())
