@@ -337,7 +337,8 @@ def ddp(check: Check) -> dict:
     all-reduces. The short plan leaves compile out: its cold Inductor compile under DDPOptimizer is most of the
     part's time (the compile part checks compile alone)."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={max(check.gpus, 1)}"]
-    row = train(check, "ddp", ["hardware=a100", "trainer.ddp=always", f"trainer.compile={not check.short}",
+    compile_ = "false" if check.short else "true"
+    row = train(check, "ddp", ["hardware=a100", "trainer.ddp=always", f"trainer.compile={compile_}",
                                "trainer.grad_accum_steps=2"], epochs=PATH_EPOCHS, launcher=torchrun)
     group = re.search(r"process group: (\w+), (\d+) process", run_log(Path(row["run_dir"])))
     if group is None or group.group(1) != "nccl":
