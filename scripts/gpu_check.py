@@ -8,23 +8,29 @@ index where loadout's packages are missing; every required module imported for r
 named); torch >= 2.6 and torchvision >= 0.21; torchcodec loadable for the decode part; CUDA usable where an NVIDIA
 driver answers (a GPU box whose CUDA is broken stops the check: a driver too old for torch, CUDA_VISIBLE_DEVICES
 hiding the GPUs).
-Then the parts (`--list`; choose with `--only` / `--skip`), each fitting one 10-minute command. On a machine with no
-NVIDIA driver the CUDA parts are skipped, one line each. Each training part trains in a fresh run dir; the first epoch
-(worker start-up, cuDNN autotuning, compilation) is the warm-up, the figures are the median of the others.
+Then the parts (`--list`; choose with `--only` / `--skip`; `--plan short` for a 15-minute loan), each fitting one
+10-minute command: a command past the part's limit is stopped with its whole process group (torchrun's ranks too).
+`--deadline-s N` ends the check within N s: a part whose estimate does not fit is not run, a running one is cut. On a
+machine with no NVIDIA driver the CUDA parts are skipped, one line each. Each training part trains in a fresh run
+dir; the first epoch (worker start-up, cuDNN autotuning, compilation) is the warm-up, the figures are the median of the
+others.
 `report.json` is rewritten after every part (and written, minimal, when the environment stops the check), with
 `report.png` at the end where matplotlib imports. Exit status: 0 no part failed (CUDA parts skipped on a machine with
-no driver included), 1 a part failed, 2 the environment (CUDA unusable where a driver answers included).
+no driver included), 1 a part failed, 2 the environment (CUDA unusable where a driver answers included), 3 none
+failed but the deadline left parts out or cut one.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -41,6 +47,8 @@ if TYPE_CHECKING:  # imported for real once the environment is checked (train.de
 MIN_TORCH, MIN_TORCHVISION = (2, 6), (0, 21)  # the tested range (requirements.txt)
 MIN_TORCH_DECODE = (2, 11)  # torchcodec's stable-ABI builds (data.decode=device)
 PART_S = 540  # each part's limit, all its commands together: one part fits one 10-minute command
+TERM_S = 30  # a command past its limit: SIGTERM to its process group, this long to stop, then SIGKILL
+CUT_S = 10  # --deadline-s: a running command gets SIGTERM this long before the deadline, SIGKILL at it
 EPOCHS = 4  # the profile rows: the first is warm-up, the figures are the median of the rest
 PATH_EPOCHS = 2  # the rows that check a path (DDP, resume, fp16, MixUp, deterministic): warm-up + one
 # The profile rows' set: 320 px JPEGs (ImageNet's size class: decode costs what it costs there), cropped to 224,
@@ -67,10 +75,13 @@ class Check:
     cuda_problem: str | None = None  # why the CUDA parts are skipped
     decode_problem: str | None = None  # why the decode part is skipped
     gpus: int = 0
-    deadline: float = field(default_factory=lambda: time.monotonic() + PART_S)  # the running part's
+    part_end: float = field(default_factory=lambda: time.monotonic() + PART_S)  # the running part's limit
+    deadline: float = float("inf")  # --deadline-s: nothing runs past it (time.monotonic())
+    short: bool = False  # --plan short: the parts' short sizes
 
     def left(self) -> float:
-        return max(self.deadline - time.monotonic(), 1.0)
+        """Seconds the next command may run: to the part's limit, or to CUT_S before the deadline (<= 0: none)."""
+        return min(self.part_end, self.deadline - CUT_S) - time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -78,7 +89,12 @@ class Part:
     name: str
     about: str
     run: Callable[[Check], dict]
+    estimate_s: int  # on an H200 with 16 cores, at the upper end (the dataset made apart): not a measurement
+    short_s: int | None = None  # the same in the short plan, where it runs a smaller part
     cuda: bool = True
+
+    def estimate(self, check: Check) -> int:
+        return self.short_s if check.short and self.short_s else self.estimate_s
 
 
 def canonical(name: str) -> str:
@@ -197,22 +213,58 @@ def facts() -> dict:
             "optional_missing": [name for module, name in OPTIONAL.items() if importlib.util.find_spec(module) is None]}
 
 
-def run(args: list[str], timeout: float, env: dict | None = None) -> tuple[bool, str]:
-    """A subprocess with loadout on PYTHONPATH: (succeeded, its last output line or why it failed)."""
+def run(check: Check, args: list[str], env: dict | None = None) -> tuple[bool, str]:
+    """A subprocess with loadout on PYTHONPATH, within the part's limit: (succeeded, its last output line or why it
+    failed). Raises PartCut when the deadline cuts it, or comes before it could start."""
     env = {**os.environ, **(env or {}),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    timeout = check.left()
+    if timeout <= 0:
+        raise PartCut("the deadline came before its next command")
+    # its own session: on a timeout the whole group goes, not the direct child alone (torchrun's ranks, workers)
+    with subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(proc, min(TERM_S, max(check.deadline - time.monotonic(), 1)))
+            if check.part_end > check.deadline - CUT_S:
+                raise PartCut(f"cut at the deadline after {timeout:.0f} s") from None
+            return False, f"timed out after {timeout:.0f} s"
+    lines = (err if proc.returncode else out).strip().splitlines() or [f"exit {proc.returncode}"]
+    return proc.returncode == 0, lines[-1]
+
+
+def stop(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the process group (torchrun stops its ranks, loadout saves a checkpoint), `grace` seconds to end,
+    then SIGKILL to the group (it holds orphans too, whose parent ended first) and to every descendant seen at the
+    timeout: torchrun starts each rank in a session of its own, which a group signal misses."""
+    import psutil
+
     try:
-        done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return False, f"timed out after {timeout:.0f} s"
-    lines = (done.stderr if done.returncode else done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
-    return done.returncode == 0, lines[-1]
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    signal_group(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):  # still running, or a rank in its own session holds the pipes
+        proc.communicate(timeout=grace)
+    signal_group(proc.pid, signal.SIGKILL)
+    proc.kill()  # were it no longer its group's leader
+    for child in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()  # psutil checks it is still the same process (its creation time), not a reused pid
+    proc.wait()
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
 
 
 def ensure_dataset(check: Check, name: str, args: tuple[str, ...]) -> Path:
     root = check.data / name
     if not (root / ".complete").exists():
-        ok, line = run([sys.executable, "scripts/make_dataset.py", "--out", str(root), *args], check.left())
+        ok, line = run(check, [sys.executable, "scripts/make_dataset.py", "--out", str(root), *args])
         if not ok:
             raise PartFailed(f"dataset {root}: {line}")
     return root
@@ -220,6 +272,10 @@ def ensure_dataset(check: Check, name: str, args: tuple[str, ...]) -> Path:
 
 class PartFailed(Exception):
     """A part cannot go on: its row is a failure with this line."""
+
+
+class PartCut(Exception):
+    """--deadline-s stopped a part: its row says so, with this line, and is no failure of loadout."""
 
 
 def run_dir_for(check: Check, name: str) -> Path:
@@ -236,9 +292,9 @@ def train(check: Check, name: str, overrides: list[str], *, epochs: int = EPOCHS
     run_dir = run_dir_for(check, name)
     if fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
-    ok, line = run([*(launcher or [sys.executable]), "-m", "train", *overrides, "dataset=imagefolder",
-                    f"data.root={root}", f"trainer.epochs={epochs}", "trainer.progress=false",
-                    f"hydra.run.dir={run_dir}"], check.left())
+    ok, line = run(check, [*(launcher or [sys.executable]), "-m", "train", *overrides, "dataset=imagefolder",
+                           f"data.root={root}", f"trainer.epochs={epochs}", "trainer.progress=false",
+                           f"hydra.run.dir={run_dir}"])
     metrics = run_dir / "metrics.jsonl"
     if not (ok and metrics.is_file()):
         raise PartFailed(line)
@@ -267,8 +323,9 @@ def profile(name: str, *overrides: str) -> Callable[[Check], dict]:
 
 
 def decode_on_device(check: Check) -> dict:
-    """a100 with data.decode=device: fails when any file fell back to the CPU decoder (refused by nvJPEG)."""
-    row = train(check, "decode", ["hardware=a100", "data.decode=device"])
+    """a100 with data.decode=device: fails when any file fell back to the CPU decoder (refused by nvJPEG). The short
+    plan measures one epoch after the warm-up: every file still goes through nvJPEG."""
+    row = train(check, "decode", ["hardware=a100", "data.decode=device"], epochs=PATH_EPOCHS if check.short else EPOCHS)
     if row["decode_fallbacks"]:
         raise PartFailed(f"{row['decode_fallbacks']} files fell back to the CPU decoder (nvJPEG refused them)", row)
     return row
@@ -277,9 +334,11 @@ def decode_on_device(check: Check) -> dict:
 def ddp(check: Check) -> dict:
     """loadout's own DDP path on NCCL through TrainStep, one rank per GPU (one on a one-GPU machine:
     trainer.ddp=always): gradient accumulation's no_sync, compile + DDP, the gloo control group, the metric
-    all-reduces."""
+    all-reduces. The short plan leaves compile out: its cold Inductor compile under DDPOptimizer is most of the
+    part's time (the compile part checks compile alone)."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={max(check.gpus, 1)}"]
-    row = train(check, "ddp", ["hardware=a100", "trainer.ddp=always", "trainer.compile=true",
+    compile_ = "false" if check.short else "true"
+    row = train(check, "ddp", ["hardware=a100", "trainer.ddp=always", f"trainer.compile={compile_}",
                                "trainer.grad_accum_steps=2"], epochs=PATH_EPOCHS, launcher=torchrun)
     group = re.search(r"process group: (\w+), (\d+) process", run_log(Path(row["run_dir"])))
     if group is None or group.group(1) != "nccl":
@@ -307,8 +366,7 @@ def datasets(check: Check) -> dict:
 
 
 def cuda_tests(check: Check) -> dict:
-    ok, line = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
-                   check.left())
+    ok, line = run(check, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"])
     if not ok:
         raise PartFailed(line)
     return {"detail": line}
@@ -316,34 +374,40 @@ def cuda_tests(check: Check) -> dict:
 
 def prefetch_bench(check: Check) -> dict:
     root = ensure_dataset(check, *SEED_SET)
-    ok, line = run([sys.executable, "bench/gpu_prefetch.py"], check.left(), env={"SEED_DATA": str(root)})
+    ok, line = run(check, [sys.executable, "bench/gpu_prefetch.py"], env={"SEED_DATA": str(root)})
     if not ok:
         raise PartFailed(line)
     return {"detail": line}
 
 
-PARTS = [
+PARTS = [  # estimates (s): the review's (docs/gpu.md), for the deadline's choice of what still fits
     Part("datasets", "make the profile set: 3,000 JPEGs of 320 px (the training parts make it too when missing)",
-         datasets, cuda=False),
-    Part("cuda-tests", "pytest -m cuda: prefetcher, no host sync, fp16 scaler, real OOM halving, ...", cuda_tests),
-    Part("rtx3060", "hardware=rtx3060 (ResNet-18, 3 workers), 4 epochs", profile("rtx3060", "hardware=rtx3060")),
-    Part("rtx4080", "hardware=rtx4080, 4 epochs", profile("rtx4080", "hardware=rtx4080")),
+         datasets, 45, cuda=False),
+    Part("cuda-tests", "pytest -m cuda: prefetcher, no host sync, fp16 scaler, real OOM halving, ...", cuda_tests, 120),
+    Part("rtx3060", "hardware=rtx3060 (ResNet-18, 3 workers), 4 epochs", profile("rtx3060", "hardware=rtx3060"), 75),
+    Part("rtx4080", "hardware=rtx4080, 4 epochs", profile("rtx4080", "hardware=rtx4080"), 75),
     Part("a100", "hardware=a100 (ResNet-50, 12 workers, bf16), 4 epochs: img/s, data wait",
-         profile("a100", "hardware=a100")),
+         profile("a100", "hardware=a100"), 75),
     Part("compile", "a100 + trainer.compile=true (Inductor: train and eval graphs)",
-         profile("compile", "hardware=a100", "trainer.compile=true")),
-    Part("decode", "a100 + data.decode=device (torchcodec, nvJPEG); fails on any CPU fallback", decode_on_device),
-    Part("ddp", "torchrun, one rank per GPU, trainer.ddp=always on NCCL, compile + grad_accum_steps=2", ddp),
-    Part("resume", "AdamW one epoch, then trainer.resume=auto on CUDA", resume),
+         profile("compile", "hardware=a100", "trainer.compile=true"), 240),
+    Part("decode", "a100 + data.decode=device (torchcodec, nvJPEG); fails on any CPU fallback; short plan: 2 epochs",
+         decode_on_device, 75, 60),
+    Part("ddp", "torchrun, one rank per GPU, trainer.ddp=always on NCCL, compile + grad_accum_steps=2; short plan: "
+         "no compile", ddp, 300, 90),
+    Part("resume", "AdamW one epoch, then trainer.resume=auto on CUDA", resume, 105),
     Part("fp16-clip", "trainer.precision=fp16 (GradScaler) + trainer.grad_clip=1.0",
-         path_row("fp16-clip", "trainer.precision=fp16", "trainer.grad_clip=1.0")),
-    Part("mixup", "augment=strong (MixUp/CutMix on the GPU)", path_row("mixup", "augment=strong")),
+         path_row("fp16-clip", "trainer.precision=fp16", "trainer.grad_clip=1.0"), 60),
+    Part("mixup", "augment=strong (MixUp/CutMix on the GPU)", path_row("mixup", "augment=strong"), 60),
     Part("deterministic", "trainer.deterministic=true (cuBLAS workspace, deterministic kernels)",
-         path_row("deterministic", "trainer.deterministic=true")),
+         path_row("deterministic", "trainer.deterministic=true"), 60),
     Part("prefetch-bench", "bench/gpu_prefetch.py: h2d copy, data wait with and without the prefetcher",
-         prefetch_bench),
+         prefetch_bench, 120),
 ]
 PART_NAMES = [part.name for part in PARTS]
+# --plan short, for one 15-minute loan (docs/gpu.md): in the order of what the parts prove, the default GPU path
+# first; ddp last, where a kill at its limit disturbs nothing else. The set is made first, so that its time is
+# counted where the deadline can see it.
+SHORT_PLAN = ["datasets", "a100", "decode", "resume", "ddp"]
 
 
 def part_list(text: str) -> list[str]:
@@ -354,8 +418,9 @@ def part_list(text: str) -> list[str]:
     return names
 
 
-def chosen(only: list[str] | None, skip: list[str]) -> list[Part]:
-    return [part for part in PARTS if (not only or part.name in only) and part.name not in skip]
+def chosen(only: list[str] | None, skip: list[str], short: bool = False) -> list[Part]:
+    order = [next(part for part in PARTS if part.name == name) for name in SHORT_PLAN] if short else PARTS
+    return [part for part in order if (not only or part.name in only) and part.name not in skip]
 
 
 def run_part(check: Check, part: Part) -> dict:
@@ -364,19 +429,26 @@ def run_part(check: Check, part: Part) -> dict:
         return {"part": part.name, "status": "skipped", "reason": "needs CUDA, unusable here (see notes)"}
     if part.name == "decode" and check.decode_problem:
         return {"part": part.name, "status": "skipped", "reason": check.decode_problem}
-    check.deadline = time.monotonic() + PART_S
     started = time.monotonic()
+    if started + part.estimate(check) > check.deadline - CUT_S:  # it would be cut: leave the time to the report
+        return {"part": part.name, "status": "not run", "reason": f"would not end before the deadline (about "
+                f"{part.estimate(check)} s, {max(check.deadline - started, 0):.0f} s left)"}
+    check.part_end = started + PART_S
     try:
         row = {"part": part.name, "status": "passed", **part.run(check)}
     except PartFailed as failed:
         figures = failed.args[1] if len(failed.args) > 1 else {}
         row = {"part": part.name, "status": "failed", "error": failed.args[0], **figures}
+    except PartCut as cut:
+        row = {"part": part.name, "status": "cut", "reason": cut.args[0]}
     return {**row, "seconds": round(time.monotonic() - started, 1)}
 
 
 def one_line(row: dict) -> str:
     if row["status"] == "skipped":
         return f"gpu-check: skip {row['part']}: {row['reason']}"
+    if row["status"] in ("not run", "cut"):
+        return f"gpu-check: {row['part']} {row['status']}: {row['reason']}"
     if row["status"] == "failed":
         return f"gpu-check: {row['part']} FAILED: {row['error']}"
     figures = (f"{row['images_per_s']:.0f} img/s, data_wait {100 * row['data_wait_frac']:.1f}%, warm-up "
@@ -409,14 +481,27 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def run_parts(check: Check, parts: list[Part], report: dict) -> None:
+    """Each part in turn, report.json rewritten after each."""
+    for part in parts:
+        row = run_part(check, part)
+        report["parts"].append(row)
+        report["pending"].remove(part.name)
+        write_report(check, report)
+        print(one_line(row), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
     if args.list:
         for part in PARTS:
-            print(f"{part.name:<15}{'(CUDA) ' if part.cuda else ''}{part.about}")
+            short = f", short plan ~{part.short_s} s" if part.short_s else ""
+            print(f"{part.name:<15}{'(CUDA) ' if part.cuda else ''}{part.about} (~{part.estimate_s} s{short})")
         return 0
-    check = Check(out=args.out, runs=args.runs, data=args.data)
-    parts = chosen(args.only, args.skip)
+    check = Check(out=args.out, runs=args.runs, data=args.data, short=args.plan == "short",
+                  deadline=started + (float("inf") if args.deadline_s is None else args.deadline_s))
+    parts = chosen(args.only, args.skip, check.short)
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": sys.argv, "python": sys.executable,
               "notes": [], "parts": [], "pending": [part.name for part in parts]}
     try:
@@ -458,21 +543,21 @@ def main(argv: list[str] | None = None) -> int:
     print("  ".join(f"{k}: {v}" for k, v in report["facts"].items() if k not in ("device", "optional_missing")),
           flush=True)
     write_report(check, report)
-    for part in parts:
-        row = run_part(check, part)
-        report["parts"].append(row)
-        report["pending"].remove(part.name)
-        write_report(check, report)
-        print(one_line(row), flush=True)
+    run_parts(check, parts, report)
     rows = report["parts"]
     if importlib.util.find_spec("matplotlib") is not None:
         plot(rows, check.out / "report.png")
     failed = [row["part"] for row in rows if row["status"] == "failed"]
     skipped = [row["part"] for row in rows if row["status"] == "skipped"]
     print(f"report: {check.out / 'report.json'}")
+    left_out = [f"{row['part']} ({row['status']})" for row in rows if row["status"] in ("not run", "cut")]
     if failed:
         print(f"gpu-check: FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1
+    if left_out:
+        print(f"gpu-check: no part failed, but the deadline (--deadline-s {args.deadline_s:g}) left out: "
+              f"{', '.join(left_out)}", file=sys.stderr)
+        return 3
     print(f"gpu-check: no part failed ({len(rows) - len(skipped)} ran, {len(skipped)} skipped)")
     return 0
 
@@ -482,7 +567,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", type=part_list, metavar="PART[,PART]", help="run these parts alone (--list)")
     parser.add_argument("--skip", type=part_list, metavar="PART[,PART]", action="extend", default=[],
                         help="leave these parts out")
-    parser.add_argument("--list", action="store_true", help="list the parts and what each runs")
+    parser.add_argument("--list", action="store_true", help="list the parts, what each runs and its estimate")
+    parser.add_argument("--plan", choices=["short"], help=f"short: {', '.join(SHORT_PLAN)} in that order, smaller "
+                        "(one 15-minute loan; --only/--skip choose within it)")
+    parser.add_argument("--deadline-s", type=float, metavar="N",
+                        help="end within N s of the start: no part starts that its estimate says cannot end by then, "
+                             "a running one is cut (report.json: not run / cut; exit 3)")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu-check",
                         help="where report.json and report.png go ($OUT on a lent machine)")
     parser.add_argument("--runs", type=Path, default=ROOT / "outputs" / "gpu-check" / "runs",

@@ -1,7 +1,8 @@
 """The GPU check's harness, here on the CPU: the wheel set for the offline GPU machine is complete (pip's resolver,
 offline, for its Python and platform), scripts/gpu_check.py installs carried wheels with no index, skips each CUDA part
-in one line, writes report.json before and after every part, trains each row in a fresh run dir, and trainer.ddp=always
-wraps a single torchrun process in DDP."""
+in one line, writes report.json before and after every part, trains each row in a fresh run dir, ends a command past
+its limit with all its descendants, keeps to --deadline-s, and trainer.ddp=always wraps a single torchrun process in
+DDP."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -292,3 +295,111 @@ def test_run_dirs_are_plain_names_hydra_takes_as_one_run(tmp_path):
     check = gpu_check.Check(out=tmp_path, runs=tmp_path / "runs", data=tmp_path)
     for name in gpu_check.PART_NAMES:  # a comma in hydra.run.dir reads as a sweep
         assert re.fullmatch(r"[A-Za-z0-9_]+", gpu_check.run_dir_for(check, name).name), name
+
+
+FAMILY = """
+import os, signal, subprocess, sys, time
+if sys.argv[2] == "ignore":  # a child deaf to SIGTERM (a stuck torchrun); SIG_IGN passes on to its children
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+same = subprocess.Popen(["sleep", "600"])  # a DataLoader worker: in the child's process group
+# a torchrun rank: in a session of its own, out of reach of a group signal; with the pipes held or not
+quiet = {} if sys.argv[3] == "pipes" else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+apart = subprocess.Popen(["sleep", "600"], start_new_session=True, **quiet)
+# an orphan: its parent (sh) ended at once, so it hangs from init, no longer the child's descendant; in its group still
+orphan = subprocess.run(["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True).stdout
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {same.pid} {apart.pid} {orphan}")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+def gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie waiting for init to reap it."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def family_pids(pids: Path) -> list[int]:
+    pid_list = [int(pid) for pid in pids.read_text().split()]
+    assert len(pid_list) == 4
+    return pid_list
+
+
+@pytest.mark.slow
+def test_a_command_past_its_limit_ends_with_its_grandchildren(tmp_path):
+    """F5: the child, a grandchild in its group, one in a session of its own (torchrun's ranks) and an orphan in its
+    group all end; a part's limit is a timeout, not a cut."""
+    check = gpu_check.Check(out=tmp_path, runs=tmp_path, data=tmp_path)
+    check.part_end = time.monotonic() + 8  # a limit far above the family's start-up
+    pids = tmp_path / "pids"
+    ok, line = gpu_check.run(check, [sys.executable, "-c", FAMILY, str(pids), "default", "devnull"])
+    assert not ok and re.fullmatch(r"timed out after \d+ s", line), line
+    for pid in family_pids(pids):
+        wait_for(lambda pid=pid: gone(pid), 10, f"process {pid} to end")
+
+
+@pytest.mark.slow
+def test_the_deadline_cuts_a_command_that_ignores_sigterm_and_kills_the_rest(tmp_path):
+    """SIGTERM CUT_S before the deadline, ignored, and a rank in its own session holding the pipes: SIGKILL at the
+    deadline ends all three, and run() says the deadline cut the part."""
+    started = time.monotonic()
+    check = gpu_check.Check(out=tmp_path, runs=tmp_path, data=tmp_path, deadline=started + gpu_check.CUT_S + 8)
+    pids = tmp_path / "pids"
+    with pytest.raises(gpu_check.PartCut, match="cut at the deadline"):
+        gpu_check.run(check, [sys.executable, "-c", FAMILY, str(pids), "ignore", "pipes"])
+    assert time.monotonic() < check.deadline + 5  # the grace ends at the deadline
+    for pid in family_pids(pids):
+        wait_for(lambda pid=pid: gone(pid), 10, f"process {pid} to end")
+
+
+def command_part(name: str, estimate_s: int, code: str) -> gpu_check.Part:
+    """A part of one real command (a Python one-liner), run as gpu_check runs every part's commands."""
+    return gpu_check.Part(name, code, lambda check: {"detail": gpu_check.run(check, [sys.executable, "-c", code])[1]},
+                          estimate_s, cuda=False)
+
+
+@pytest.mark.slow
+def test_the_deadline_runs_what_fits_cuts_what_runs_over_and_starts_nothing_after(tmp_path):
+    parts = [command_part("quick", 1, "print('done')"), command_part("too-long", 10**6, "print('never')"),
+             command_part("sleeper", 1, "import time; time.sleep(600)"), command_part("after", 1, "print('never')")]
+    check = gpu_check.Check(out=tmp_path, runs=tmp_path, data=tmp_path,
+                            deadline=time.monotonic() + gpu_check.CUT_S + 10)
+    report = {"parts": [], "pending": [part.name for part in parts]}
+    gpu_check.run_parts(check, parts, report)
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written == report and written["pending"] == []
+    rows = {row["part"]: row for row in written["parts"]}
+    assert [(name, row["status"]) for name, row in rows.items()] == [
+        ("quick", "passed"), ("too-long", "not run"), ("sleeper", "cut"), ("after", "not run")]
+    assert rows["quick"]["detail"] == "done"
+    assert rows["too-long"]["reason"].startswith("would not end before the deadline (about 1000000 s, ")
+    assert rows["sleeper"]["reason"].startswith("cut at the deadline after ")
+    assert time.monotonic() < check.deadline + 5
+
+
+def test_the_short_plan_runs_the_default_path_first_and_ddp_last():
+    assert [part.name for part in gpu_check.chosen(None, [], short=True)] == ["datasets", "a100", "decode", "resume",
+                                                                               "ddp"]
+    assert [part.name for part in gpu_check.chosen(["ddp", "a100"], ["decode"], short=True)] == ["a100", "ddp"]
+    check = gpu_check.Check(out=Path(), runs=Path(), data=Path(), short=True)
+    assert sum(part.estimate(check) for part in gpu_check.chosen(None, [], short=True)) <= 6.5 * 60
+
+
+@pytest.mark.slow
+def test_a_deadline_too_short_for_any_part_runs_none_and_exits_3(tmp_path):
+    """Through the CLI: nothing starts that its estimate says cannot end in time (the set is not made), each such
+    part is `not run` in report.json, and the exit status says the deadline left parts out."""
+    if not torch.cuda.is_available() and gpu_check.gpu_present(CudaFacts.of_this_machine()):
+        pytest.skip("an NVIDIA driver answers here: unusable CUDA is a broken GPU box, exit 2")
+    done = gpu_check_run("--plan", "short", "--deadline-s", "1", "--out", str(tmp_path), "--data",
+                         str(tmp_path / "data"))
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "gpu-check: datasets not run: would not end before the deadline (about 45 s, " in done.stdout
+    assert "the deadline (--deadline-s 1) left out: datasets (not run)" in done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [row["part"] for row in report["parts"]] == gpu_check.SHORT_PLAN and report["pending"] == []
+    assert {row["status"] for row in report["parts"]} <= {"not run", "skipped"}  # skipped: CUDA unusable here
+    assert report["parts"][0]["status"] == "not run" and not (tmp_path / "data").exists()

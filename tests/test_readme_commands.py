@@ -42,9 +42,8 @@ CANNOT = {
     "torchrun --standalone --nproc_per_node=8 -m train trainer.resume=auto hydra.run.dir=outputs/torchrun/<run id>":
         "a template: <run id> is the reader's",
     "make gpu-wheels": "downloads from PyPI; tests/test_gpu_harness.py runs it and resolves the set offline",
-    **{f"python3 scripts/gpu_check.py --only {parts} --out $OUT": NEEDS_LENT_GPU for parts in (
-        "datasets,cuda-tests", "a100,rtx3060", "compile,decode", "ddp,resume", "fp16-clip,mixup,deterministic",
-        "prefetch-bench,rtx4080")},
+    "python3 scripts/gpu_check.py --plan short --deadline-s 480 --out $OUT": NEEDS_LENT_GPU,
+    "nvidia-smi && python3 scripts/gpu_check.py --only cuda-tests,compile --deadline-s 300 --out $OUT": NEEDS_LENT_GPU,
     "NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 RDZV_ID=job42 ./scripts/launch_multinode.sh hardware=a100":
         "two nodes, node0 the first (tests/test_distributed.py runs two agents on this box)",
     "NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 RDZV_ID=resnet50-a ./scripts/launch_multinode.sh hardware=a100 "
