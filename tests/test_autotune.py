@@ -47,6 +47,17 @@ class SlowNet(TinyNet):
         return super().forward(images)
 
 
+@pytest.fixture(autouse=True)
+def one_thread_steps():
+    """The step on one torch thread, as the workers run. The decisions compare the loader's pace to the step's: a
+    busy machine stretches one thread's work and the loader's alike, but a step on two threads ~50x (each op waits
+    at a barrier for its descheduled second thread), which turned decode-bound runs compute-bound."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def trainer(tiny_dataset, run_dir, *overrides: str) -> tuple[Trainer, object]:
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "data.num_workers=0", "data.prefetch_factor=1", "data.autotune=true", "trainer.epochs=3",
