@@ -27,6 +27,7 @@ from train.loop.model import build_model
 from train.observe.doctor import Finding
 
 CPU = torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("one_thread_steps")  # the decisions compare the loader's pace to the step's
 
 
 class SlowDecode(ImageFolderDataset):
@@ -45,17 +46,6 @@ class SlowNet(TinyNet):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         time.sleep(0.5)
         return super().forward(images)
-
-
-@pytest.fixture(autouse=True)
-def one_thread_steps():
-    """The step on one torch thread, as the workers run. The decisions compare the loader's pace to the step's: a
-    busy machine stretches one thread's work and the loader's alike, but a step on two threads ~50x (each op waits
-    at a barrier for its descheduled second thread), which turned decode-bound runs compute-bound."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def trainer(tiny_dataset, run_dir, *overrides: str) -> tuple[Trainer, object]:
