@@ -23,11 +23,12 @@ from train.loop.model import build_model
 from train.observe.doctor import STAGES
 
 CPU = torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("one_thread_steps")  # the diagnoses compare the loader's pace to the step's
 
 
-# The injected costs are sleeps of 50 ms a sample, several times what a loaded 2-core box takes for anything else a
-# sample costs (TinyNet's step up to ~10 ms a sample there): a sleep takes as long on a busy machine, so load cannot
-# close the gap. trainer.limit_batches keeps the epochs short.
+# The injected costs are sleeps of 50 ms a sample, many times what a loaded 2-core box takes for anything else a
+# sample costs (TinyNet's step ~1 ms a sample there, on one thread): a sleep takes as long on a busy machine, so load
+# cannot close the gap. trainer.limit_batches keeps the epochs short.
 SLOW = 0.05
 
 
@@ -53,12 +54,13 @@ class CostlyRecipe(Recipe):
 
 
 class SlowNet(TinyNet):
-    """A model that dominates on any machine, however loaded: 200 ms a training forward (12 ms a sample of 16), where
-    a loaded 2-core box feeds a sample in ~1 ms. Asleep, not burning: a busy machine does not shrink the gap."""
+    """A model that dominates on any machine, however loaded: 500 ms a training forward (31 ms a sample of 16), where
+    a loaded 2-core box feeds a sample in ~1 ms and spends ~10 ms a batch handing it over (the loop's wait). Asleep,
+    not burning: a busy machine does not shrink the gap."""
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.training:
-            time.sleep(0.2)
+            time.sleep(0.5)
         return super().forward(images)
 
 
@@ -100,7 +102,7 @@ def test_a_model_that_dominates_is_named_compute_bound(tiny_dataset, tmp_path, c
     # the second epoch of persistent workers: the first batch's wait for a starting worker (0.5 s on a loaded box,
     # over the 10% of an epoch that makes the loader the bound) is not the loader's pace
     record = run(tiny_dataset, tmp_path, caplog, "model._target_=tests.test_doctor.SlowNet", "trainer.epochs=2",
-                 "trainer.limit_batches=8", "data.persistent_workers=true")[-1]
+                 "trainer.limit_batches=6", "data.persistent_workers=true")[-1]
     assert record["epoch"] == 2
     assert record["bound"] == "compute", diagnosis(caplog)
     assert max(STAGES, key=lambda s: record[f"{s}_share"]) == "compute"
