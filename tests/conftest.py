@@ -24,6 +24,19 @@ CONF = ROOT / "conf"
 RECORD_SAMPLES = "+callbacks.samples._target_=tests.sample_log.SampleLog"
 
 
+@pytest.fixture
+def one_thread_steps():
+    """The test's in-process training steps on one torch thread, as the workers run, for tests whose outcome compares
+    the loader's pace to the step's: a busy machine stretches single-threaded work (the loader's) and the step alike,
+    but a step on two threads ~50x (each op waits at a barrier for its descheduled second thread)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory) -> Path:
     """10 classes x 24 train / 8 val JPEGs at 40 px: enough to learn, quick to decode."""

@@ -27,6 +27,7 @@ from train.loop.model import build_model
 from train.observe.doctor import Finding
 
 CPU = torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("one_thread_steps")  # the decisions compare the loader's pace to the step's
 
 
 class SlowDecode(ImageFolderDataset):

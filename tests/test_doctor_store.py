@@ -34,6 +34,7 @@ def far_http(shards, tmp_path):
 
 
 @pytest.mark.slow  # starts nginx and scripts/make_shards.py
+@pytest.mark.usefixtures("one_thread_steps")  # the store's waits against a step that load cannot stretch ~50x
 def test_a_far_store_with_nothing_fetched_ahead_is_named_read_bound_with_fetch_ahead_as_the_fix(far_http, tmp_path,
                                                                                                 caplog):
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={far_http}", "data.image_size=32",

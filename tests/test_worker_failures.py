@@ -45,7 +45,7 @@ class Stalls(Dataset):
         return 8
 
     def __getitem__(self, i: int):
-        time.sleep(30)
+        time.sleep(600)  # far beyond any wait for the 1 s timeout, however loaded the machine
         return torch.zeros(3)
 
 
@@ -72,7 +72,7 @@ def test_killed_worker_becomes_an_error_naming_shm_and_memory():
 def test_stalled_worker_times_out_with_the_key_to_raise():
     started = time.monotonic()
     error = first_error(StatefulDataLoader(Stalls(), batch_size=2, num_workers=1, timeout=1.0))
-    assert time.monotonic() - started < 25  # the timeout fired; the sleep did not run out
+    assert time.monotonic() - started < 300  # the timeout fired; the sleep did not run out
     explained = explain_loader_error(error)
     assert isinstance(explained, LoaderError) and "data.timeout" in str(explained)
 
@@ -99,10 +99,9 @@ def test_worker_stuck_in_a_read_ends_the_run_naming_the_worker_and_the_file(smal
     stuck = data / "train" / "circle" / "stuck.jpg"
     os.mkfifo(stuck)
     args = [a for a in small_run_args if not a.startswith("data.root=")]
-    started = time.monotonic()
+    # a hang guard: data.timeout=null would wait 600 s (STUCK_WORKER_TIMEOUT_S) for the read, a FIFO forever
     result = run_cli([*args, f"data.root={data}", "data.num_workers=1", "data.timeout=3", "data.shuffle=false"],
-                     timeout=120)
-    assert time.monotonic() - started < 90
+                     timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
