@@ -70,6 +70,25 @@ def test_segmentation_counts_a_confusion_matrix_leaving_ignored_pixels_out():
     assert task.loss(outputs, targets).item() == pytest.approx(expected.item())
 
 
+def test_a_slice_of_ignored_pixels_alone_has_a_zero_loss_not_nan():
+    """A crop that lands on VOC's border alone (every pixel 255): 0 with zero gradients, not a NaN mean of nothing
+    that stops the run as diverged."""
+    logits = torch.randn(2, 3, 4, 4, requires_grad=True)
+    loss = Segmentation(num_classes=3).loss({"out": logits}, torch.full((2, 4, 4), 255, dtype=torch.uint8))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+def test_the_loss_and_the_confusion_matrix_never_wait_for_the_device():
+    """On the meta device (no values) any step whose output shape depends on the pixels (a boolean-mask index,
+    bincount: a host sync on CUDA) raises; both run there."""
+    task = Segmentation(num_classes=3)
+    logits = torch.empty(2, 3, 8, 8, device="meta")
+    targets = torch.empty(2, 8, 8, dtype=torch.uint8, device="meta")
+    assert task.loss({"out": logits}, targets).shape == ()
+    assert task.eval_sums({"out": logits}, targets).shape == (1 + 9,)
+
+
 def test_classification_sums_loss_top1_and_top5_with_label_smoothing():
     task = Classification(label_smoothing=0.1)
     logits = torch.tensor([[3.0, 2, 1, 0, -1, -2], [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0]])
