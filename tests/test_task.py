@@ -207,7 +207,7 @@ def test_segmentation_trains_a_torchvision_model_through_the_step():
         build_task(compose_config([]))
 
 
-@pytest.mark.slow  # a CLI run: 40 steps of LR-ASPP at 64 px, ~20 s on 2 idle cores
+@pytest.mark.slow  # a CLI run: 40 steps of LR-ASPP at 64 px (2.4 min on 2 heavily shared cores)
 def test_the_default_segmentation_recipe_validates_well_above_predicting_background(tmp_path):
     """Issue 45: training learned while validation (eval mode: BatchNorm's running statistics) predicted background
     everywhere, val_miou 0.17 every epoch. The default model and recipe, a fixed 40 steps, deterministic."""
