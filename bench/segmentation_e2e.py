@@ -2,25 +2,25 @@
 """Segmentation end to end: `python -m train task=segmentation` against a stock run built the way pytorch/vision's
 references/segmentation builds it, on the same VOC folder, model, sizes and epochs (target: images/s >= 1.3x).
 
-The stock run (`--stock`, this file in a process of its own) reads as torchvision.datasets.VOCSegmentation does
-(PIL), transforms with the reference's SegmentationPresetTrain on its v2 path (RandomResize 0.5-2x the base size,
-flip, PadIfSmaller, RandomCrop, PILToTensor, ToDtype, Normalize), batches through a plain DataLoader with the
-reference's padding collate (workers restarted each epoch: no persistent_workers), and trains with cross-entropy
-(ignore_index 255) in fp32 (the reference's --amp is CUDA only). So that the two runs differ only in how they feed
-and run the step, it takes loadout's settings where the reference has its own: the base size (loadout's
-data.resize_size default, image_size * 256 / 224), SGD (lr 0.05, Nesterov, weight decay 5e-4), OneCycleLR, and the
-validation geometry (resize to image_size x image_size, so both score the same pixels). Both models are torchvision's
-lraspp_mobilenet_v3_large, untrained. Each side runs as a fresh process, ROUNDS rounds taken in turn (A B, B A, A B,
-B A: a load that rises or falls over the run weighs on both sides alike); the figure is the median over the rounds of
-each round's ratio of training images/s (images over the epochs' training seconds: loadout's from its metrics.jsonl),
-with the rounds' spread beside it (a median of paired rounds: a best of each side over two rounds swung with the
-other jobs on a shared box). loadout trains in fp32 as stock does (on a CPU with native bf16 auto would take bf16,
-which lraspp trains slower in: `make tune` measures that, bench/RESULTS.md); its precision (from plan.json), the whole
-process's wall and CPU time and the last epoch's val mIoU (one confusion-matrix definition:
-train/task/segmentation.py) are printed beside it, so a faster run that learns less shows. Eight epochs of 12 steps:
-at four, the one-time start-up (loadout's persistent workers forked from a process holding the model, whose pages
-its first two epochs then copy on write; stock's per-epoch worker restarts) weighed a third of the run. The second
-line gives each side's images/s by epoch and the ratio over epochs 3-8 alone, what a longer run settles to.
+The stock run (`--stock`, this file in a process of its own) reads as torchvision.datasets.VOCSegmentation does (PIL),
+transforms with the reference's SegmentationPresetTrain on its v2 path (RandomResize 0.5-2x the base size, flip,
+PadIfSmaller, RandomCrop, PILToTensor, ToDtype, Normalize), batches through a plain DataLoader with the reference's
+padding collate (workers restarted each epoch: no persistent_workers), and trains with cross-entropy (ignore_index 255)
+in fp32 (the reference's --amp is CUDA only). So that the two runs differ only in how they feed and run the step, it
+takes loadout's settings where the reference has its own: the base size (loadout's data.resize_size default, image_size
+* 256 / 224), SGD (lr 0.05, Nesterov, weight decay 5e-4), OneCycleLR, BatchNorm momentum 0.1 (model.norm_momentum) and
+the validation geometry (resize to image_size x image_size, so both score the same pixels). Both models are
+torchvision's lraspp_mobilenet_v3_large, untrained. Each side runs as a fresh process, ROUNDS rounds taken in turn (A B,
+B A, A B, B A: a load that rises or falls over the run weighs on both sides alike); the figure is the median over the
+rounds of each round's ratio of training images/s (images over the epochs' training seconds: loadout's from its
+metrics.jsonl), with the rounds' spread beside it (a median of paired rounds: a best of each side over two rounds swung
+with the other jobs on a shared box). loadout trains in fp32 as stock does (on a CPU with native bf16 auto would take
+bf16, which lraspp trains slower in: `make tune` measures that, bench/RESULTS.md); its precision (from plan.json), the
+whole process's wall and CPU time and the last epoch's val mIoU (one confusion-matrix definition:
+train/task/segmentation.py) are printed beside it, so a faster run that learns less shows. Eight epochs of 12 steps: at
+four, the one-time start-up (loadout's persistent workers forked from a process holding the model, whose pages its first
+two epochs then copy on write; stock's per-epoch worker restarts) weighed a third of the run. The second line gives each
+side's images/s by epoch and the ratio over epochs 3-8 alone, what a longer run settles to.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ SIZE, BATCH, WORKERS, EPOCHS, ROUNDS = 64, 32, 2, 8, 4  # epochs of ~2 s on 2 qu
 START_UP = 2  # epochs that pay each side's one-time costs (workers forked, first kernels): left out of `steady`
 BASE_SIZE = round(SIZE * 256 / 224)  # loadout's data.resize_size default
 LR, MOMENTUM, WEIGHT_DECAY, PCT_START = 0.05, 0.9, 5e-4, 0.15  # conf/optimizer/sgd.yaml, conf/scheduler/onecycle.yaml
+NORM_MOMENTUM = 0.1  # conf/model/segmentation.yaml
 IGNORE = 255
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -128,6 +129,9 @@ def stock_run(out: Path) -> None:
     val_loader = DataLoader(val_set, batch_size=BATCH, num_workers=WORKERS, collate_fn=pad_collate)
     model = torchvision.models.segmentation.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None,
                                                                      num_classes=classes)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.momentum = NORM_MOMENTUM
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, nesterov=True)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=LR, pct_start=PCT_START,
                                                     total_steps=EPOCHS * len(train_loader))

@@ -340,6 +340,26 @@ def test_an_rgb_mask_is_a_bad_sample_naming_the_mode(voc, caplog):
     assert "s001.png" in caplog.text and "mode RGB" in caplog.text
 
 
+def test_a_mask_value_naming_no_class_is_a_bad_sample_naming_the_file_and_the_value(voc, caplog):
+    """Four classes (classes.txt): a 7 in one mask would be a device-side assert in the loss on CUDA; 255 is not."""
+    (voc / "classes.txt").write_text("background\na\nb\nc\n")
+    path = voc / "SegmentationClass" / "s004.png"
+    with Image.open(path) as png:
+        mask = np.array(png)
+        palette = png.getpalette()
+    mask[20:40, 30:50] = 7  # inside what validation's resize keeps
+    png = Image.fromarray(mask, "P")
+    png.putpalette(palette)
+    png.save(path)
+    samples = Samples(VOCSegmentation(voc), SegmentationRecipe().val_transform(DataCfg()), seed=0)
+    with caplog.at_level(logging.WARNING):
+        assert samples[4] is None
+        kept = [samples[i] for i in range(12) if i != 4]
+    assert all(sample is not None and sample[1].max() == 255 for sample in kept)  # borders of 255 stay scored out
+    (line,) = caplog.text.splitlines()
+    assert "s004.jpg" in line and "value 7" in line and "0-3" in line
+
+
 def test_classes_come_from_classes_txt_or_are_vocs(voc):
     assert VOCSegmentation(voc).classes == list(VOC_CLASSES) and len(VOC_CLASSES) == 21
     (voc / "classes.txt").write_text("background\ncircle\n")

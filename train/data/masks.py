@@ -122,6 +122,16 @@ def check_mask_size(image: torch.Tensor, mask: torch.Tensor) -> None:
                          f"{image.shape[-1]} (H x W): a mask must match its image's stored size")
 
 
+def stray_value(mask: torch.Tensor, num_classes: int) -> str | None:
+    """What is wrong with a mask holding a value that is neither a class index nor 255, else None: such a value
+    reaching the loss on CUDA is a device-side assert, which leaves the process unable to run anything more."""
+    stray = (mask != IGNORE_INDEX) & (mask >= num_classes)
+    if not stray.any():
+        return None
+    return (f"its mask has value {int(mask[stray].max())}, neither a class index (0-{num_classes - 1}: the source "
+            f"names {num_classes} classes) nor {IGNORE_INDEX} (ignore)")
+
+
 @functools.lru_cache(maxsize=4096)
 def _exact_sources(length: int, out: int) -> np.ndarray:
     """The source index of each of `out` outputs along an axis of `length`, as torch's NEAREST_EXACT kernel picks it

@@ -10,7 +10,8 @@ The DataLoader hands `Samples.__getitems__` a whole batch of keys: `(epoch, inde
 3. load: `source[index]` as a uint8 CHW tensor and its target, or from the shared sample cache (cache.py); a target
    that is a mask (masks.py: uint8 (H, W), 255 = ignore) must match the image's size, else the sample is bad;
 4. transform: the recipe's per-sample pipeline (augment.py, transforms.py); an image with a mask goes through it as
-   a pair, so one geometric draw moves both (seg_augment.py: `joint`);
+   a pair, so one geometric draw moves both (seg_augment.py: `joint`); a transformed mask with a value that names
+   none of the source's `classes` and is not 255 makes the sample bad (on CUDA the loss would assert);
    a pipeline that starts with RandomResizedCrop, on a source that decodes with decode.py (it has `min_side`, set
    by data.scaled_decode) and offers `read_encoded`, takes 3-4 crop first: the box drawn from the header on the
    size the source would decode at (the same draws, so the same boxes as a whole decode and as data.decode=device),
@@ -39,7 +40,7 @@ from train.data.geometry import BoxPlan
 from train.data.loader.activity import ActivityBoard
 from train.data.loader.stages import AUGMENT, CLOCK, DECODE, READ
 from train.data.loader.workers import one_torch_thread
-from train.data.masks import as_mask, check_mask_size
+from train.data.masks import as_mask, check_mask_size, stray_value
 from train.data.remote.shard_store import ShardError
 from train.data.seeds import sample_seeds
 from train.data.seg_augment import joint
@@ -86,6 +87,8 @@ class Samples(Dataset):
         self.joint = joint(transform)  # the transform of an (image, mask) pair
         self.on_bad_sample, self.cache, self.board, self.first_slot = on_bad_sample, cache, board, first_slot
         self.offers = Offers.of(source)
+        classes = getattr(source, "classes", None)
+        self.num_classes = None if classes is None else len(classes)  # what a mask's values may index
         batched = self.offers.read_crops and self.offers.size and self.offers.targets
         plan = CropFlipPlan.of(transform) if batched else None
         self.crops = plan if plan is not None and cache is None and encoded is None else None
@@ -159,6 +162,10 @@ class Samples(Dataset):
                 self.board.clear(slot)
         image, target = self._transformed(image, target)
         CLOCK.lap(AUGMENT)
+        if self.num_classes is not None and isinstance(target, torch.Tensor) and target.dim() == 2:  # a mask
+            stray = stray_value(target, self.num_classes)
+            if stray is not None:
+                return self._bad(index, ValueError(stray))
         return image, target, index
 
     def _transformed(self, image: torch.Tensor, target) -> tuple[torch.Tensor, torch.Tensor | int]:

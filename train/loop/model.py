@@ -30,13 +30,21 @@ def torchvision_model(name: str, num_classes: int) -> torch.nn.Module:
 SEGMENTATION_MODELS = frozenset(torchvision.models.list_models(module=torchvision.models.segmentation))
 
 
-def torchvision_segmentation_model(name: str, num_classes: int) -> torch.nn.Module:
+def torchvision_segmentation_model(name: str, num_classes: int, norm_momentum: float | None = None) -> torch.nn.Module:
     """model=segmentation: torchvision's segmentation models by name (fcn_resnet50, deeplabv3_mobilenet_v3_large,
-    lraspp_mobilenet_v3_large, ...), untrained, backbone included; their forward returns {"out": logits}."""
+    lraspp_mobilenet_v3_large, ...), untrained, backbone included; their forward returns {"out": logits}.
+    `norm_momentum` (None: the model's own) is set on every BatchNorm: MobileNetV3's 0.01 is meant for ImageNet's
+    long schedules; after a short run its running statistics are still mostly their initial (0, 1), and evaluation,
+    which uses them, predicts one class everywhere (issue 45)."""
     if name not in SEGMENTATION_MODELS:
         raise ConfigError(f"model.name={name!r}: not a torchvision segmentation model; choose one of "
                           f"{', '.join(sorted(SEGMENTATION_MODELS))}")
-    return torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=num_classes)
+    model = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=num_classes)
+    if norm_momentum is not None:
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.momentum = norm_momentum
+    return model
 
 
 def timm_model(name: str, num_classes: int, **kwargs) -> torch.nn.Module:
@@ -52,7 +60,8 @@ def timm_model(name: str, num_classes: int, **kwargs) -> torch.nn.Module:
 def build_model(model_cfg, num_classes: int, device: torch.device, *, channels_last: bool = False) -> torch.nn.Module:
     spec = OmegaConf.create(OmegaConf.to_container(model_cfg, resolve=True))
     weights = spec.pop("weights", None)
-    model = instantiate("model", fitted_spec("model", spec, optional=("name",)), num_classes=num_classes)
+    spec = fitted_spec("model", spec, optional=("name", "norm_momentum"))
+    model = instantiate("model", spec, num_classes=num_classes)
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model._target_={spec._target_}: built a {type(model).__name__}, not a torch.nn.Module")
     if weights is not None:

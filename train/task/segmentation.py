@@ -2,7 +2,8 @@
 is scored; cross-entropy skips those pixels. Evaluation sums a classes x classes confusion matrix (rows: true
 class, columns: predicted) on the device, all-reduced once per validation: mIoU (over the classes that occur in
 the targets or predictions) and pixel accuracy, as pytorch/vision's references/segmentation compute them. best.pt
-follows val_miou."""
+follows val_miou. Neither the loss nor the confusion matrix has a shape that depends on the pixels' values, so
+neither waits for the device (a boolean-mask index or bincount would, twice a slice)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ class Segmentation(Task):
     def __init__(self, num_classes: int | None = None, ignore_index: int = 255):
         """`num_classes`: the model's outputs, fixed by `bind`; `ignore_index`: the mask value scored nowhere."""
         self.num_classes, self.ignore_index = num_classes, ignore_index
-        self.criterion = torch.nn.CrossEntropyLoss(ignore_index=ignore_index)
 
     def check_target(self, target: Any) -> None:
         if as_mask(target) is None:  # ValueError for a mask of the wrong kind
@@ -47,15 +47,20 @@ class Segmentation(Task):
         return self.num_classes
 
     def loss(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
-        return self.criterion(self.logits(outputs).float(), targets.long())
+        """The mean cross-entropy over the scored pixels; 0, not NaN (a mean of nothing), for a slice of ignored
+        pixels alone, which would otherwise stop the run as diverged."""
+        targets = targets.long()
+        summed = torch.nn.functional.cross_entropy(self.logits(outputs).float(), targets,
+                                                   ignore_index=self.ignore_index, reduction="sum")
+        return summed / (targets != self.ignore_index).sum().clamp_min(1)
 
     def confusion(self, predicted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The classes x classes confusion counts of one slice (int64, on its device; ignored pixels left out)."""
         n = self.num_classes
         targets = targets.long()
-        scored = targets != self.ignore_index
-        cells = targets[scored] * n + predicted[scored]
-        return torch.bincount(cells, minlength=n * n)[:n * n].reshape(n, n)
+        cells = torch.where(targets != self.ignore_index, targets * n + predicted, n * n).flatten()  # n*n: ignored
+        counts = torch.zeros(n * n + 1, dtype=torch.int64, device=cells.device)
+        return counts.index_add_(0, cells, torch.ones_like(cells))[:n * n].reshape(n, n)
 
     def eval_counts(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
         logits = self.logits(outputs)
