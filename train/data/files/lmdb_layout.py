@@ -1,5 +1,5 @@
 """dataset=lmdb's layouts: a split's environments, its keys, labels and class names, found once in the main process
-(which then closes every environment: workers open their own, per_process.py).
+(one handle a process, closed before the workers fork: each opens its own, per_process.py).
 
     LSUN       torchvision's layout: one environment per class, data.root/<class>_<split>_lmdb (as LSUN ships) or
                data.root/<split>/<class>/; every key an image; the classes are the environments' names, sorted
@@ -16,12 +16,15 @@ own) and without readahead (random reads would pull neighbouring pages into the 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from train.data.files.keys import ByteKeys
+from train.data.files.per_process import PerProcess
 from train.errors import ConfigError
 
 KEYS, LABELS, CLASSES = b"__keys__", b"__labels__", b"__classes__"
@@ -43,10 +46,25 @@ class Environments:
 
 
 def open_env(path: str, subdir: bool):
-    """An environment read-only, without locks or readahead."""
+    """This process's handle on the environment at `path`, read-only, without locks or readahead: one a process
+    however many sources read it (lmdb refuses to open an environment twice in a process)."""
+    key = (os.path.realpath(path), subdir)
+    if key not in _SHARED:
+        _SHARED[key] = PerProcess(partial(_open, path, subdir), _close)
+    return _SHARED[key].get()
+
+
+def _open(path: str, subdir: bool):
     import lmdb
 
     return lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=False, meminit=False, max_readers=512)
+
+
+def _close(env) -> None:
+    env.close()
+
+
+_SHARED: dict[tuple[str, bool], PerProcess] = {}
 
 
 def find_environments(root: str, split: str, split_keys) -> Environments:
@@ -71,7 +89,7 @@ def _lsun(folders: list[Path], split: str) -> Environments:
     names = [p.name.removesuffix(f"_{split}_lmdb") for p in folders]
     keys, env_of = [], []
     for number, folder in enumerate(folders):
-        with _opened(str(folder), True) as env, env.begin() as txn:
+        with _look(str(folder), True).begin() as txn:
             found = list(txn.cursor().iternext(keys=True, values=False))
             _refuse_pickle(str(folder), txn, found[:1])
         keys += found
@@ -82,11 +100,11 @@ def _lsun(folders: list[Path], split: str) -> Environments:
 
 
 def _labelled(path: str, subdir: bool) -> Environments:
-    with _opened(path, subdir) as env, env.begin(buffers=True) as txn:
+    with _look(path, subdir).begin(buffers=True) as txn:
         listed = txn.get(KEYS)
         _refuse_pickle(path, txn, [KEYS] if listed is not None else [])
         keys = _unpacked(path, KEYS, listed) if listed is not None else [
-            key for key in txn.cursor().iternext(keys=True, values=False) if not _meta(key)]
+            key for key in map(bytes, txn.cursor().iternext(keys=True, values=False)) if not _meta(key)]
         keys = [key.encode() if isinstance(key, str) else bytes(key) for key in keys]
         if not keys:
             raise ConfigError(f"data.root: the LMDB environment {path} holds no samples")
@@ -190,20 +208,12 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class _opened:
-    """An environment for the main process's look, closed after it; one line naming it when it cannot be opened."""
+def _look(path: str, subdir: bool):
+    """The environment for the main process's look (closed before the workers fork); one line naming it when it
+    cannot be opened."""
+    import lmdb
 
-    def __init__(self, path: str, subdir: bool):
-        self.path, self.subdir = path, subdir
-
-    def __enter__(self):
-        import lmdb
-
-        try:
-            self.env = open_env(self.path, self.subdir)
-        except lmdb.Error as err:
-            raise ConfigError(f"data.root: cannot open the LMDB environment {self.path} ({err})") from err
-        return self.env
-
-    def __exit__(self, *exc) -> None:
-        self.env.close()
+    try:
+        return open_env(path, subdir)
+    except lmdb.Error as err:
+        raise ConfigError(f"data.root: cannot open the LMDB environment {path} ({err})") from err

@@ -3,29 +3,18 @@
 
 Each value is read as the bytes a file would hold and decoded as an ImageFolder's are (DCT-scaled, crop-aware,
 data.decode=device, the sample cache): the same work less the file opens. The keys live in numpy arrays (keys.py);
-each process opens the environments on its first read (per_process.py), read-only, without locks or readahead.
+each process opens the environments on its first read, once however many sources read them (per_process.py),
+read-only, without locks or readahead.
 A missing record or one that does not unpack is a bad sample, skipped and counted (samples.py).
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 import torch
 
 from train.build import require_extra
 from train.data.fast.decode import decode_image_file
 from train.data.files.lmdb_layout import find_environments, open_env, split_record
-from train.data.files.per_process import PerProcess
-
-
-def _open_all(paths: list[str], subdirs: list[bool]) -> list:
-    return [open_env(path, subdir) for path, subdir in zip(paths, subdirs, strict=True)]
-
-
-def _close_all(envs: list) -> None:
-    for env in envs:
-        env.close()
 
 
 class RecordNames:
@@ -48,7 +37,6 @@ class LMDBSource:
         self.found = find_environments(str(root), split, split_keys)
         self.classes, self.targets = self.found.classes, self.found.targets
         self.paths = RecordNames(self)
-        self.envs = PerProcess(partial(_open_all, self.found.paths, self.found.subdirs), _close_all)
         self.min_side: int | None = None
 
     def __len__(self) -> int:
@@ -56,7 +44,8 @@ class LMDBSource:
 
     def read_encoded(self, index: int) -> tuple[bytes, int]:
         """The encoded image and its label: data.decode=device, the crop-aware decode."""
-        env = self.envs.get()[int(self.found.env_of[index])]
+        number = int(self.found.env_of[index])
+        env = open_env(self.found.paths[number], self.found.subdirs[number])
         key = self.found.keys[index]
         with env.begin(buffers=True) as txn:
             value = txn.get(key)
