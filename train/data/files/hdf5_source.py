@@ -9,6 +9,7 @@ file systems often refuse it); the labels are read once, into a numpy array.
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 
 import numpy as np
@@ -28,6 +29,7 @@ def hdf5_source(root: str, split: str = "train", split_keys=None, images: str = 
                 channels: str | None = None):
     """The `split` of the HDF5 file(s) at `root`: an HDF5Encoded or HDF5Pixels source by what its images hold."""
     h5py = require_extra("h5py", "hdf5", "dataset=hdf5")
+    _plugin_filters()
     path, group = split_file(str(root), split, split_keys)
     try:
         with h5py.File(path, "r", locking=False) as f:
@@ -39,9 +41,16 @@ def hdf5_source(root: str, split: str = "train", split_keys=None, images: str = 
     return HDF5Encoded(layout) if layout.encoded else HDF5Pixels(layout)
 
 
+def _plugin_filters() -> None:
+    """The compression filters hdf5plugin registers (Blosc, Zstd, LZ4, ...), where it is installed."""
+    with contextlib.suppress(ImportError):
+        import hdf5plugin  # noqa: F401
+
+
 def _open(path: str, images: str, masks: str | None):
     import h5py
 
+    _plugin_filters()
     f = h5py.File(path, "r", locking=False)
     return f, f[images], f[masks] if masks else None
 
