@@ -105,12 +105,12 @@ def test_each_worker_opens_the_file_itself_and_the_main_process_handle_never_cro
     write_encoded(tmp_path / "set.h5", tiny_dataset)
     source = hdf5_source(tmp_path / "set.h5", "val")
     source[0]  # the main process reads (as the first-sample check does): its file is open
-    opened = source.arrays.get()[0]
+    opened = source.rows.get().file
     assert opened.id.valid
 
     def owner(batch):
         import os
-        return os.getpid(), source.arrays._pid == os.getpid(), source.arrays.get()[0].id.valid
+        return os.getpid(), source.rows._pid == os.getpid(), source.rows.get().file.id.valid
 
     loader = DataLoader(source, batch_size=8, num_workers=2, collate_fn=owner)
     seen = set(loader)
@@ -152,7 +152,8 @@ def test_masks_as_pixels_and_as_pngs_train_segmentation(tmp_path):
 
 
 def test_the_converter_writes_what_the_folder_holds(tiny_dataset, tmp_path):
-    for name, extra in (("encoded.h5", []), ("pixels.h5", ["--pixels", "36", "--compression", "gzip"])):
+    for name, extra in (("encoded.h5", []), ("pixels.h5", ["--pixels", "36", "--compression", "gzip"]),
+                        ("mapped.h5", ["--pixels", "36"])):
         run = subprocess.run([sys.executable, "scripts/convert_dataset.py", str(tiny_dataset),
                               str(tmp_path / name), "--to", "hdf5", *extra], cwd=ROOT, capture_output=True,
                              text=True, timeout=300)
@@ -162,6 +163,11 @@ def test_the_converter_writes_what_the_folder_holds(tiny_dataset, tmp_path):
     assert encoded.read_encoded(7) == folder.read_encoded(7)
     assert pixels.size == 36 and pixels[7][0].shape == (3, 36, 36) and pixels[7][1] == folder.targets[7]
     assert encoded.classes == pixels.classes == folder.classes
+    mapped = hdf5_source(tmp_path / "mapped.h5", "train")  # uncompressed: rows read from the mapped file
+    assert pixels.layout.pixel_offsets is None and mapped.layout.pixel_offsets is not None
+    assert all(torch.equal(mapped[i][0], pixels[i][0]) for i in (0, 7, len(folder) - 1))
+    crops = [s.read_crops([9, 2], [1, 3], [2, 0], 32, 32, [True, False]) for s in (mapped, pixels)]
+    assert torch.equal(*crops)
     with h5py.File(tmp_path / "pixels.h5", "r", locking=False) as f:  # as the source holds it open
         assert f["train/images"].compression == "gzip" and f["train/images"].chunks == (1, 36, 36, 3)
 
@@ -185,14 +191,6 @@ def test_files_and_keys_that_do_not_fit_are_one_line(tiny_dataset, tmp_path):
         with pytest.raises(ConfigError, match="^(data.root|dataset)") as err:
             hdf5_source(**kwargs)
         assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
-
-
-def test_without_h5py_the_run_names_the_extra(tmp_path):
-    code = ("import sys; sys.modules['h5py'] = None\n"
-            "from train.data.files.hdf5_source import hdf5_source\n"
-            f"hdf5_source({str(tmp_path)!r})")
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert "pip install 'loadout[hdf5]'" in run.stderr.splitlines()[-1]
 
 
 def test_mix_and_sample_cache_take_an_hdf5_source(tiny_dataset, tmp_path):

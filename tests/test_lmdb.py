@@ -153,11 +153,3 @@ def test_roots_that_do_not_fit_are_one_line(tiny_dataset, tmp_path):
         with pytest.raises(ConfigError, match="^data.root") as err:
             LMDBSource(root, "train")
         assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
-
-
-def test_without_lmdb_the_run_names_the_extra(tmp_path):
-    code = ("import sys; sys.modules['lmdb'] = None\n"
-            "from train.data.files.lmdb_source import LMDBSource\n"
-            f"LMDBSource({str(tmp_path)!r})")
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert "pip install 'loadout[lmdb]'" in run.stderr.splitlines()[-1]

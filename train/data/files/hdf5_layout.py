@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from train.data.files.hdf5_rows import pixel_offsets
 from train.errors import ConfigError
 
 SUFFIXES = (".h5", ".hdf5", ".hdf")
@@ -50,6 +51,7 @@ class Layout:
     masks: str | None  # the masks' path in the file
     masks_encoded: bool
     classes: list[str]
+    pixel_offsets: np.ndarray | None  # each image's byte offset, where pixels are stored whole (hdf5_rows.py)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -108,7 +110,8 @@ def find_layout(f, path: Path, group: str, keys: Keys, channels: str | None,
                           "dataset or attribute, or set dataset.class_names to their names ([background, ...]) or "
                           "their count")
     return Layout(str(path), group, images.name, encoded, last, tuple(images.shape), labels,
-                  masks.name if masks is not None else None, masks_encoded, names)
+                  masks.name if masks is not None else None, masks_encoded, names,
+                  None if encoded else pixel_offsets(images))
 
 
 def listing(node) -> str:

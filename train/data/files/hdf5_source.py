@@ -19,6 +19,7 @@ from train.build import require_extra
 from train.data.fast.decode import UNREADABLE, decode_image_file
 from train.data.fast.packed import crop_batch
 from train.data.files.hdf5_layout import Keys, Layout, find_layout, split_file
+from train.data.files.hdf5_rows import Rows
 from train.data.files.per_process import PerProcess
 from train.data.masks import decode_mask
 from train.errors import ConfigError, first_line
@@ -47,16 +48,21 @@ def _plugin_filters() -> None:
         import hdf5plugin  # noqa: F401
 
 
-def _open(path: str, images: str, masks: str | None):
-    import h5py
+class Reader:
+    """This process's open file and the rows of its images and masks (hdf5_rows.py)."""
 
-    _plugin_filters()
-    f = h5py.File(path, "r", locking=False)
-    return f, f[images], f[masks] if masks else None
+    def __init__(self, layout: Layout):
+        import h5py
 
+        _plugin_filters()
+        self.file = h5py.File(layout.path, "r", locking=False)
+        self.images = Rows(self.file[layout.images])
+        if layout.pixel_offsets is not None:
+            self.images.mapped(layout.path, layout.pixel_offsets)
+        self.masks = Rows(self.file[layout.masks]) if layout.masks else None
 
-def _close(handle) -> None:
-    handle[0].close()
+    def close(self) -> None:
+        self.file.close()
 
 
 class SampleNames:
@@ -78,19 +84,19 @@ class HDF5Split:
         if layout.labels is not None:  # a split of masks has no labels: data.sampler=weighted is refused
             self.targets = layout.labels
         self.paths = SampleNames(layout)
-        self.arrays = PerProcess(partial(_open, layout.path, layout.images, layout.masks), _close)
+        self.rows = PerProcess(partial(Reader, layout), Reader.close)
 
     def __len__(self) -> int:
         return len(self.layout)
 
     def _mask(self, index: int) -> torch.Tensor:
-        _, _, masks = self.arrays.get()
+        masks = self.rows.get().masks
         if not self.layout.masks_encoded:
             return torch.from_numpy(masks[index])
         try:
             return decode_mask(masks[index].tobytes())
         except UNREADABLE as err:  # the log line names the image; say it is the mask
-            raise OSError(f"its mask ({masks.name}[{index}]): {err}") from err
+            raise OSError(f"its mask ({self.layout.masks}[{index}]): {err}") from err
 
 
 class HDF5Encoded(HDF5Split):
@@ -102,7 +108,7 @@ class HDF5Encoded(HDF5Split):
 
     def read_encoded(self, index: int) -> tuple[bytes, int]:
         """The encoded file and its label (-1 with masks): data.decode=device, the crop-aware decode."""
-        data = self.arrays.get()[1][index]
+        data = self.rows.get().images[index]
         return data if isinstance(data, bytes) else data.tobytes(), -1 if self.layout.masks else int(
             self.targets[index])
 
@@ -137,17 +143,16 @@ class HDF5Pixels(HDF5Split):
         return np.repeat(pixels, 3, axis=0) if pixels.shape[0] == 1 else pixels[:3]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor | int]:
-        image = torch.from_numpy(self._chw(self.arrays.get()[1][index]))  # read into a fresh array: its own
+        image = torch.from_numpy(np.array(self._chw(self.rows.get().images[index])))  # its own copy
         if self.layout.masks is None:
             return image, int(self.targets[index])
         return image, self._mask(index)
 
     def read_crops(self, indices, tops: list[int], lefts: list[int], height: int, width: int,
                    flips: list[bool]) -> torch.Tensor:
-        """uint8 (n, 3, height, width): the batch's images read in one selection (increasing, each once), then each
-        box cut and mirrored as the packed format's are."""
-        wanted, where = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
-        stored = self.arrays.get()[1][wanted]
-        where = where.reshape(-1).tolist()
-        return crop_batch(lambda k: self._chw(stored[where[k]]), range(len(where)), tops, lefts, height, width,
-                          flips)
+        """uint8 (n, 3, height, width): each box cut and mirrored as the packed format's are, the rows read in index
+        order (the file reads forwards)."""
+        index_list = np.asarray(indices, dtype=np.int64).tolist()
+        images = self.rows.get().images
+        return crop_batch(lambda k: self._chw(images[index_list[k]]),
+                          sorted(range(len(index_list)), key=index_list.__getitem__), tops, lefts, height, width, flips)

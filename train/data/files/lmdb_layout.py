@@ -48,10 +48,11 @@ class Environments:
 def open_env(path: str, subdir: bool):
     """This process's handle on the environment at `path`, read-only, without locks or readahead: one a process
     however many sources read it (lmdb refuses to open an environment twice in a process)."""
-    key = (os.path.realpath(path), subdir)
-    if key not in _SHARED:
-        _SHARED[key] = PerProcess(partial(_open, path, subdir), _close)
-    return _SHARED[key].get()
+    handle = _BY_NAME.get((path, subdir))
+    if handle is None:  # the one handle of that environment, under whichever name it was first opened
+        key = (os.path.realpath(path), subdir)
+        handle = _BY_NAME[path, subdir] = _SHARED.setdefault(key, PerProcess(partial(_open, path, subdir), _close))
+    return handle.get()
 
 
 def _open(path: str, subdir: bool):
@@ -64,7 +65,8 @@ def _close(env) -> None:
     env.close()
 
 
-_SHARED: dict[tuple[str, bool], PerProcess] = {}
+_SHARED: dict[tuple[str, bool], PerProcess] = {}  # by the environment's real path
+_BY_NAME: dict[tuple[str, bool], PerProcess] = {}  # by the path a source gave: no file system call a read
 
 
 def find_environments(root: str, split: str, split_keys) -> Environments:

@@ -14,18 +14,17 @@ import torch
 
 from train.build import require_extra
 from train.data.fast.decode import decode_image_file
-from train.data.files.lmdb_layout import find_environments, open_env, split_record
+from train.data.files.lmdb_layout import Environments, find_environments, open_env, split_record
 
 
 class RecordNames:
     """`names[i]` = `<environment> key <key>`: how a bad or stuck sample is named (source.py)."""
 
-    def __init__(self, source: LMDBSource):
-        self.source = source
+    def __init__(self, found: Environments):
+        self.found = found
 
     def __getitem__(self, index: int) -> str:
-        found = self.source.found
-        return f"{found.paths[int(found.env_of[index])]} key {found.keys[index]!r}"
+        return f"{self.found.paths[int(self.found.env_of[index])]} key {self.found.keys[index]!r}"
 
 
 class LMDBSource:
@@ -36,7 +35,7 @@ class LMDBSource:
         require_extra("msgpack", "lmdb", "dataset=lmdb")
         self.found = find_environments(str(root), split, split_keys)
         self.classes, self.targets = self.found.classes, self.found.targets
-        self.paths = RecordNames(self)
+        self.paths = RecordNames(self.found)
         self.min_side: int | None = None
 
     def __len__(self) -> int:
