@@ -42,6 +42,7 @@ class Rows:
         self.dataset, self.shape, self.dtype = dataset, dataset.shape[1:], dataset.dtype
         self.space = dataset.id.get_space()
         self.memory = h5py.h5s.create_simple((1, *self.shape))
+        self.type = h5py.h5t.py_create(self.dtype)  # else h5py makes the memory type on every read
         self.zeros, self.count = (0,) * len(self.shape), (1, *self.shape)
         self.map: np.ndarray | None = None
         self.offsets: np.ndarray | None = None
@@ -57,5 +58,5 @@ class Rows:
             return self.map[start:start + self.row_bytes].reshape(self.shape)
         out = np.empty(self.count, dtype=self.dtype)
         self.space.select_hyperslab((index, *self.zeros), self.count)
-        self.dataset.id.read(self.memory, self.space, out)
+        self.dataset.id.read(self.memory, self.space, out, mtype=self.type)
         return out[0]
