@@ -128,6 +128,7 @@ class HDF5Pixels(HDF5Split):
         super().__init__(layout)
         height, width = self._side(layout.shape)
         self.size = height if height == width else None  # the Resize step is skipped where it is the resize size
+        self._hwc3 = layout.channels_last and layout.shape[-1] == 3  # batches cropped channels-last, as stored
 
     def _side(self, shape: tuple[int, ...]) -> tuple[int, int]:
         if len(shape) == 3:
@@ -153,6 +154,7 @@ class HDF5Pixels(HDF5Split):
         """uint8 (n, 3, height, width): each box cut and mirrored as the packed format's are, the rows read in index
         order (the file reads forwards)."""
         index_list = np.asarray(indices, dtype=np.int64).tolist()
-        images = self.rows.get().images
-        return crop_batch(lambda k: self._chw(images[index_list[k]]),
-                          sorted(range(len(index_list)), key=index_list.__getitem__), tops, lefts, height, width, flips)
+        images, last = self.rows.get().images, self._hwc3
+        return crop_batch(lambda k: images[index_list[k]] if last else self._chw(images[index_list[k]]),
+                          sorted(range(len(index_list)), key=index_list.__getitem__), tops, lefts, height, width, flips,
+                          channels_last=last)
