@@ -69,6 +69,7 @@ def test_encoded_files_read_as_the_folder_decodes_them_in_workers(tiny_dataset, 
     folder = ImageFolderDataset(tiny_dataset, "val")
     source = hdf5_source(tmp_path / "set.h5", "val")
     assert isinstance(source, HDF5Encoded) and source.classes == folder.classes
+    assert source.layout.image_spans is not None  # h5py's default layout: rows sliced from the mapped file
     assert np.array_equal(source.targets, folder.targets) and isinstance(source.targets, np.ndarray)
     assert source.read_encoded(5) == folder.read_encoded(5)
     loader = DataLoader(source, batch_size=16, num_workers=2, collate_fn=list)
@@ -217,11 +218,13 @@ def test_python_m_train_trains_an_epoch_and_counts_a_truncated_image(tiny_datase
 def test_png_and_webp_bytes_decode_to_their_pixels(tmp_path):
     images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
     files = [encode(images[0], "PNG"), encode(images[1], "WEBP", lossless=True)]
-    with h5py.File(tmp_path / "set.h5", "w") as f:
-        f.create_dataset("train/images", data=[np.frombuffer(b, np.uint8) for b in files], dtype=VLEN)
+    with h5py.File(tmp_path / "set.h5", "w") as f:  # chunked, compressed: no mapping, HDF5 reads the rows
+        f.create_dataset("train/images", data=[np.frombuffer(b, np.uint8) for b in files], dtype=VLEN, chunks=(1,),
+                         compression="gzip")
         f.create_dataset("train/labels", data=[0, 1])
     source = hdf5_source(tmp_path / "set.h5", "train")
-    assert source.classes == ["0", "1"]
+    assert source.classes == ["0", "1"] and source.layout.image_spans is None
+    assert source.read_encoded(1) == (files[1], 1)
     for index in (0, 1):
         assert torch.equal(source[index][0], torch.from_numpy(images[index]).permute(2, 0, 1))
 

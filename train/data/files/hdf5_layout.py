@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.data.files.hdf5_rows import pixel_offsets
+from train.data.files.hdf5_rows import heap_spans, pixel_offsets
 from train.errors import ConfigError
 
 SUFFIXES = (".h5", ".hdf5", ".hdf")
@@ -52,6 +52,8 @@ class Layout:
     masks_encoded: bool
     classes: list[str]
     pixel_offsets: np.ndarray | None  # each image's byte offset, where pixels are stored whole (hdf5_rows.py)
+    image_spans: np.ndarray | None  # each encoded image's (offset, length) in the file, where found (hdf5_rows.py)
+    mask_spans: np.ndarray | None  # the same for encoded masks
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -111,7 +113,8 @@ def find_layout(f, path: Path, group: str, keys: Keys, channels: str | None,
                           "their count")
     return Layout(str(path), group, images.name, encoded, last, tuple(images.shape), labels,
                   masks.name if masks is not None else None, masks_encoded, names,
-                  None if encoded else pixel_offsets(images))
+                  None if encoded else pixel_offsets(images), heap_spans(f, images) if encoded else None,
+                  heap_spans(f, masks) if masks_encoded else None)
 
 
 def listing(node) -> str:

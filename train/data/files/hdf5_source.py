@@ -1,7 +1,8 @@
 """dataset=hdf5: one split of an HDF5 file (hdf5_layout.py: the layouts), a source (train/data/source.py) like any.
 
-Encoded images are read as the bytes a file would hold and decoded as an ImageFolder's are (DCT-scaled, crop-aware,
-data.decode=device, the sample cache): the same work less the file opens. Pixels are read as stored, square ones a
+Encoded images are read as the bytes a file would hold (sliced from the mapped file where h5py's default layout lets
+hdf5_rows.py find them) and decoded as an ImageFolder's are (DCT-scaled, crop-aware, data.decode=device, the sample
+cache): the same work less the file opens. Pixels are read as stored, square ones a
 whole training batch at a time (`read_crops`, as the packed format does). The file is opened read-only by each
 process on its first read (per_process.py), without HDF5's file locking (a read-only open needs none, and network
 file systems often refuse it); the labels are read once, into a numpy array.
@@ -19,7 +20,7 @@ from train.build import require_extra
 from train.data.fast.decode import UNREADABLE, decode_image_file
 from train.data.fast.packed import crop_batch
 from train.data.files.hdf5_layout import Keys, Layout, find_layout, split_file
-from train.data.files.hdf5_rows import Rows
+from train.data.files.hdf5_rows import HeapRows, Rows
 from train.data.files.per_process import PerProcess
 from train.data.masks import decode_mask
 from train.errors import ConfigError, first_line
@@ -56,10 +57,12 @@ class Reader:
 
         _plugin_filters()
         self.file = h5py.File(layout.path, "r", locking=False)
-        self.images = Rows(self.file[layout.images])
+        self.images = Rows(self.file[layout.images]) if layout.image_spans is None else HeapRows(
+            layout.path, layout.image_spans)
         if layout.pixel_offsets is not None:
             self.images.mapped(layout.path, layout.pixel_offsets)
-        self.masks = Rows(self.file[layout.masks]) if layout.masks else None
+        self.masks = None if not layout.masks else Rows(self.file[layout.masks]) if layout.mask_spans is None \
+            else HeapRows(layout.path, layout.mask_spans)
 
     def close(self) -> None:
         self.file.close()
