@@ -30,7 +30,7 @@ from train.data.voc import VOCSegmentation
 log = logging.getLogger(__name__)
 
 
-class _Fitted(Dataset):
+class Fitted(Dataset):
     """(square image, label or square mask, ok) of a decodable dataset, for packing with DataLoader workers."""
 
     def __init__(self, dataset, size: int):
@@ -62,7 +62,7 @@ def pack_split(dataset, out_dir: str | Path, size: int, num_workers: int = 0, so
     n = len(dataset)
     images = np.lib.format.open_memmap(out_dir / (IMAGES + ".tmp"), mode="w+", dtype=np.uint8,
                                        shape=(n, 3, size, size))
-    fitted = _Fitted(dataset, size)
+    fitted = Fitted(dataset, size)
     targets = np.empty((n, size, size) if fitted.masks else n, dtype=np.uint8 if fitted.masks else np.int64)
     written = 0
     loader = DataLoader(fitted, batch_size=64, num_workers=num_workers)

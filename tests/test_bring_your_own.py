@@ -221,7 +221,7 @@ def test_only_a_typed_contradiction_fails():
     ("data.num_wrkers=2", "data.num_wrkers: did you mean data.num_workers?"),
     ("trainer.epoch=3", "trainer.epoch: did you mean trainer.epochs?"),
     ("trainer.lr=0.1", "trainer.lr: did you mean optimizer.lr?"),
-    ("dataset=imagenet", "dataset=imagenet: no conf/dataset/imagenet.yaml; choose one of cifar10, imagefolder"),
+    ("dataset=imagenet", "dataset=imagenet: no conf/dataset/imagenet.yaml; choose one of cifar10, hdf5, imagefolder"),
 ])
 def test_a_typo_names_the_closest_real_key_in_one_line(override, message):
     with pytest.raises(ConfigError) as err:

@@ -7,7 +7,7 @@ Where to look (a forker's reading list first):
 - data/     the dataset interface (source.py), loadout's sources (datasets, voc, mix), the per-sample path
             (samples.py), augmentation (augment, seg_augment, transforms, geometry); its back rooms need no edits:
             loader/ (DataLoader machinery, stage clocks, autotune), remote/ (shards, parquet, object stores),
-            fast/ (scaled, crop-aware and device decode, the sample cache, the packed format)
+            fast/ (scaled, crop-aware and device decode, the sample cache, the packed format), files/ (HDF5, LMDB)
 - observe/  the one metric vocabulary, the epoch meter, the doctor's diagnosis, memory, Prometheus and trackers
 - run/      the harness around a run: the job and its exit statuses, the command line, resume replay, run dirs
 - config.py the schema, composed from each section's own (data/config.py, loop/config.py); errors.py, dist.py,

@@ -88,9 +88,21 @@ class PackedDataset(Dataset):
         each copied straight from the map into one batch array, in index order (the page cache reads forwards)."""
         index_list = np.asarray(indices, dtype=np.int64).tolist()
         images = self.images
-        batch = np.empty((len(index_list), images.shape[1], height, width), dtype=np.uint8)
-        for k in sorted(range(len(index_list)), key=index_list.__getitem__):
-            y, x = tops[k], lefts[k]
-            crop = images[index_list[k], :, y:y + height, x:x + width]
-            batch[k] = crop[..., ::-1] if flips[k] else crop
-        return torch.from_numpy(batch)
+        return crop_batch(lambda k: images[index_list[k]], sorted(range(len(index_list)), key=index_list.__getitem__),
+                          tops, lefts, height, width, flips)
+
+
+def crop_batch(image_of, order, tops: list[int], lefts: list[int], height: int, width: int,
+               flips: list[bool], channels_last: bool = False) -> torch.Tensor:
+    """uint8 (n, 3, height, width): image_of(k)'s box at (tops[k], lefts[k]), mirrored where flips[k], taken in
+    `order` (every k once) into one batch array. image_of(k) is (3, H, W), or (H, W, 3) with `channels_last`: then
+    the batch is HWC in memory too (a permuted view), so each box row is one contiguous copy."""
+    batch = np.empty((len(tops), height, width, 3) if channels_last else (len(tops), 3, height, width),
+                     dtype=np.uint8)
+    for k in order:
+        y, x = tops[k], lefts[k]
+        crop = image_of(k)[y:y + height, x:x + width] if channels_last else image_of(k)[:, y:y + height,
+                                                                                          x:x + width]
+        batch[k] = crop[:, ::-1] if flips[k] and channels_last else crop[..., ::-1] if flips[k] else crop
+    batch = torch.from_numpy(batch)
+    return batch.permute(0, 3, 1, 2) if channels_last else batch
