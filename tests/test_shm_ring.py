@@ -225,11 +225,11 @@ def test_build_collate_sizes_the_ring_from_the_plan():
 
 
 class MaskedPixels(Pixels):
-    """Pixels with a uint8 mask of their size drawn from the same seeded stream."""
+    """Pixels with a uint8 mask of their size drawn from the same seeded stream, its values class indices."""
 
     def __getitem__(self, index: int):
         image, _ = super().__getitem__(index)
-        return image, torch.randint(0, 256, (SIZE, SIZE), dtype=torch.uint8) ^ index
+        return image, (torch.randint(0, 256, (SIZE, SIZE), dtype=torch.uint8) ^ index) % len(self.classes)
 
 
 def masked_loader(collate, workers: int = 2):
