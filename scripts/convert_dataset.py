@@ -94,7 +94,8 @@ def write_lmdb_split(path: Path, dataset) -> int:
     if isinstance(dataset, VOCSegmentation):
         raise SystemExit("convert_dataset: LMDB holds images with labels; write a VOC folder's masks with --to hdf5")
     root = Path(dataset.paths[0].decode()).parents[1]
-    total = sum(Path(p.decode()).stat().st_size for p in dataset.paths)
+    # a value over half a page takes whole overflow pages, the B-tree pages come on top: room for twice that
+    total = sum(Path(p.decode()).stat().st_size + 8192 for p in dataset.paths)
     env = lmdb.open(str(path), map_size=2 * total + (64 << 20))
     keys = []
     txn = env.begin(write=True)

@@ -59,6 +59,8 @@ def test_a_model_with_batch_norm_never_trains_on_a_one_sample_slice():
     while auto.micro_batch.halve():
         sizes.append(auto.micro_batch.size)
     assert sizes == [8, 4, 2]  # halving stops at 2
+    auto.micro_batch.load_state_dict({"size": 1})  # a checkpoint from before the floor
+    assert auto.micro_batch.size == 2 and bn_step(1).micro_batch.size == 2
     plain = TrainStep.from_config(compose_config(["hardware=cpu", "trainer.micro_batch_size=auto"]), DistEnv(), CPU,
                                   torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(10)), total_steps=4)
     assert plain.micro_batch.smallest == 1

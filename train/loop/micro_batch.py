@@ -77,6 +77,10 @@ class MicroBatch:
         self.auto = setting == "auto"
         self.batch_size, self.smallest = batch_size, min(smallest, batch_size)
         self.size = batch_size if setting in (None, "auto") else min(int(setting), batch_size)
+        if self.size < self.smallest:
+            log.info("trainer.micro_batch_size=%s: slices of %d samples (BatchNorm cannot train on one)", setting,
+                     self.smallest)
+            self.size = self.smallest
 
     def halve(self) -> bool:
         """Halve the slice for the next try; False when it is the smallest already."""
@@ -111,7 +115,7 @@ class MicroBatch:
 
     def load_state_dict(self, state: dict) -> None:
         if self.auto and state.get("size"):
-            self.size = min(int(state["size"]), self.batch_size)
+            self.size = max(self.smallest, min(int(state["size"]), self.batch_size))
 
 
 @contextmanager

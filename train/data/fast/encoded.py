@@ -36,6 +36,7 @@ from train.data.geometry import BoxPlan
 from train.data.loader.plan import LoaderPlan
 from train.data.source import Offers
 from train.errors import ConfigError, first_line
+from train.loop.micro_batch import gpu_nearly_full, is_out_of_memory
 
 log = logging.getLogger(__name__)
 EMPTY_IMAGES = torch.empty(0, dtype=torch.uint8)  # an encoded batch's images, until the device decodes them
@@ -136,11 +137,12 @@ class DeviceDecoder:
 
     def _on_device(self, files: list[torch.Tensor], rows: np.ndarray, jpeg: list[int]) -> list[torch.Tensor | None]:
         """The files at `jpeg` decoded on the device, as stored; None for the others and those the device refused."""
+        if not jpeg:
+            return [None] * len(files)
         try:
             decoded = self.decode_jpeg([files[j] for j in jpeg], device=self.device)
-        except torch.OutOfMemoryError:  # a RuntimeError too: the run's out-of-memory handling says where
-            raise
-        except RuntimeError:  # one file the batched decoder refuses fails the batch: each on its own
+        except RuntimeError as err:  # one file the batched decoder refuses fails the batch: each on its own
+            raise_if_out_of_memory(err, self.device)
             decoded = [self._one(files[j]) for j in jpeg]
         images: list[torch.Tensor | None] = [None] * len(files)
         for j, image in zip(jpeg, decoded, strict=True):
@@ -151,14 +153,24 @@ class DeviceDecoder:
     def _one(self, file: torch.Tensor) -> torch.Tensor | None:
         try:
             return self.decode_jpeg(file, device=self.device)
-        except torch.OutOfMemoryError:  # a RuntimeError too: the run's out-of-memory handling says where
-            raise
         except RuntimeError as err:
+            raise_if_out_of_memory(err, self.device)
             if self.refusal is None:
                 self.refusal = first_line(err)
                 log.warning("data.decode=device: torchcodec refused a file on %s (%s); such files are decoded on "
                             "the CPU (decode_fallbacks in metrics.jsonl)", self.device, self.refusal)
             return None
+
+
+def raise_if_out_of_memory(err: RuntimeError, device: torch.device) -> None:
+    """`err` from torchcodec as torch.OutOfMemoryError, the run's out-of-memory failure, where it is one. torchcodec is
+    built on torch's stable ABI, which hands an allocation's OutOfMemoryError back as a plain RuntimeError ("... API
+    call failed at ..."), and nvJPEG's own failed allocations as a status number: on a nearly full GPU a refusal
+    counts as out of memory."""
+    if isinstance(err, torch.OutOfMemoryError):
+        raise err
+    if is_out_of_memory(err) or gpu_nearly_full():
+        raise torch.OutOfMemoryError(f"out of memory decoding on {device}: {first_line(err)}") from err
 
 
 def as_stored(image: torch.Tensor, row: np.ndarray) -> torch.Tensor | None:
@@ -262,6 +274,6 @@ def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device:
 
 def slot_bytes(sizes: list[int], batch_size: int) -> int:
     """A ring slot for a batch of encoded files, from the probed files' `sizes`: 1.5 x a batch of the mean file, at
-    least the largest file, at most SLOT_CAP_BYTES. A batch that does not fit takes the plain collate (ring.py);
+    least the largest file, at most SLOT_CAP_BYTES (the cap wins). A batch that does not fit takes the plain collate (ring.py);
     room for a batch of the largest file would reserve GBs of /dev/shm per worker on camera photos."""
     return min(SLOT_CAP_BYTES, max(int(1.5 * sum(sizes) / len(sizes) * batch_size), max(sizes)))

@@ -15,13 +15,14 @@ import numpy as np
 
 def pixel_offsets(images) -> np.ndarray | None:
     """Each row's byte offset in the file, where every row is stored whole and uncompressed (contiguous, or one row a
-    chunk); else None (HDF5 reads it)."""
-    if images.dtype != np.uint8 or images.compression is not None or images._filters:
+    chunk), checked against HDF5's own reads of a few rows; else None (HDF5 reads it)."""
+    if images.dtype != np.uint8 or images.id.get_create_plist().get_nfilters():  # compressed, shuffled, ...
         return None
     row_bytes = int(np.prod(images.shape[1:]))
     if images.chunks is None:
         start = images.id.get_offset()
-        return None if start is None else start + row_bytes * np.arange(images.shape[0], dtype=np.int64)
+        offsets = None if start is None else start + row_bytes * np.arange(images.shape[0], dtype=np.int64)
+        return offsets if offsets is None or agrees(images, offsets, row_bytes) else None
     if images.chunks != (1, *images.shape[1:]) or images.id.get_num_chunks() != images.shape[0]:
         return None  # several rows a chunk, or rows never written (HDF5 gives their fill value)
     offsets = np.full(images.shape[0], -1, dtype=np.int64)
@@ -30,7 +31,17 @@ def pixel_offsets(images) -> np.ndarray | None:
         offsets[info.chunk_offset[0]] = info.byte_offset
 
     images.id.chunk_iter(found)
-    return None if (offsets < 0).any() else offsets
+    return None if (offsets < 0).any() or not agrees(images, offsets, row_bytes) else offsets
+
+
+def agrees(images, offsets: np.ndarray, row_bytes: int) -> bool:
+    """The first, middle and last rows at `offsets` in the file are what HDF5 reads for them."""
+    with open(images.file.filename, "rb") as raw:
+        for row in {0, len(offsets) // 2, len(offsets) - 1}:
+            raw.seek(int(offsets[row]))
+            if raw.read(row_bytes) != images[row].tobytes():
+                return False
+    return True
 
 
 class Rows:

@@ -43,14 +43,19 @@ class LMDBSource:
 
     def read_encoded(self, index: int) -> tuple[bytes, int]:
         """The encoded image and its label: data.decode=device, the crop-aware decode."""
+        import lmdb  # the extra, checked at build
+
         number = int(self.found.env_of[index])
         env = open_env(self.found.paths[number], self.found.subdirs[number])
         key = self.found.keys[index]
-        with env.begin(buffers=True) as txn:
-            value = txn.get(key)
-            if value is None:
-                raise OSError("no record under its key")
-            data = split_record(value)[0] if self.found.records else bytes(value)
+        try:
+            with env.begin(buffers=True) as txn:
+                value = txn.get(key)
+                if value is None:
+                    raise OSError("no record under its key")
+                data = split_record(value)[0] if self.found.records else bytes(value)
+        except lmdb.Error as err:  # a damaged page: a bad sample (OSError), not a dead worker
+            raise OSError(f"LMDB read failed: {err}") from err
         return data, int(self.targets[index])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
