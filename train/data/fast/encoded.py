@@ -274,6 +274,6 @@ def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device:
 
 def slot_bytes(sizes: list[int], batch_size: int) -> int:
     """A ring slot for a batch of encoded files, from the probed files' `sizes`: 1.5 x a batch of the mean file, at
-    least the largest file, at most SLOT_CAP_BYTES (the cap wins). A batch that does not fit takes the plain collate (ring.py);
-    room for a batch of the largest file would reserve GBs of /dev/shm per worker on camera photos."""
+    least the largest file, at most SLOT_CAP_BYTES (the cap wins). A batch that does not fit takes the plain collate
+    (ring.py); room for a batch of the largest file would reserve GBs of /dev/shm per worker on camera photos."""
     return min(SLOT_CAP_BYTES, max(int(1.5 * sum(sizes) / len(sizes) * batch_size), max(sizes)))
