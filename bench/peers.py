@@ -5,12 +5,12 @@ mosaicml-streaming, stock torchvision), on scripts/make_photos.py's real photos 
 only touching its batches (bench/peer_loaders.py builds the peers).
 
 Every row is a fresh process, so each pays its own start-up outside the timed epoch and none inherits another's
-state: the peers under their own venv (.venv-peers, which the Makefile makes: their numpy, numba and CUDA wheels
-are not loadout's), loadout under this one. Rounds run the rows in turn, reversed every other round, and each row
-keeps its best (a shared machine slows whatever runs while it is busy). Printed: the table, loadout end to end
-first, and three ratios with their targets (issue 47): end to end / pipeline alone >= 0.9, end to end / the best
-peer >= 1.0, pipeline alone / the best peer >= 1.15. A missed target is reported, not a failure; a peer that cannot
-run stays in the table with the reason in one line.
+state: the peers under their own venv (.venv-peers, which the Makefile makes: mosaicml-streaming needs numpy < 2.2,
+the lock holds 2.4.6), loadout under this one. Rounds run the rows in turn, reversed every other round, and each row
+keeps its best (a shared machine slows whatever runs while it is busy; ROUNDS=n for more; the median is printed
+beside it). Printed: the table, loadout end to end first, and three ratios with their targets (issue 47): end to end
+/ pipeline alone >= 0.9, end to end / the best peer >= 1.0, pipeline alone / the best peer >= 1.15. A missed target
+is reported, not a failure; a peer that cannot run stays in the table with the reason in one line.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -164,10 +165,10 @@ def main() -> None:
             print(f"  round {index + 1}: " + ", ".join(f"{row} {values[-1]:.0f}" for row, values in rates.items()
                                                        if len(values) > index), flush=True)
     best = {row: max(values) for row, values in rates.items() if values}
-    print("| loader | img/s | rounds |\n|---|---|---|")
+    print("| loader | img/s (best) | median | rounds |\n|---|---|---|---|")
     for row in (E2E, PIPELINE, *PEERS):
-        figure = (f"{best[row]:.0f} | {spread(rates[row])}" if row in best
-                  else f"did not run | {info.get(row, {}).get('error', 'no figure')}")
+        figure = (f"{best[row]:.0f} | {statistics.median(rates[row]):.0f} | {spread(rates[row])}" if row in best
+                  else f"did not run | | {info.get(row, {}).get('error', 'no figure')}")
         print(f"| {label(row, info.get(row, {}))} | {figure} |")
     peers = {row: best[row] for row in PEERS if row in best}
     step = step_seconds()
