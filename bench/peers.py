@@ -49,7 +49,7 @@ PEERS = {
 
 
 class StepModel(torch.nn.Module):
-    """The end-to-end run's model (`model._target_=peers.StepModel`), too small to matter: it reads every 8th pixel
+    """The end-to-end run's model (`model._target_=peers.StepModel`), too small to matter: it reads every 9th pixel
     of each row and column through 8 channels, so its step is 5-7 % of a 2-core budget at the pipeline's pace (the
     bench prints the share) and the run measures the loop around it, not the model."""
 
@@ -60,7 +60,7 @@ class StepModel(torch.nn.Module):
             torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, num_classes))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.net(images[:, :, ::8, ::8])
+        return self.net(images[:, :, ::9, ::9])
 
 
 def step_seconds(steps: int = 20) -> float:
