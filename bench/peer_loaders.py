@@ -3,9 +3,9 @@
 RandomResizedCrop 224 (scale 0.08-1, aspect 3/4-4/3) + horizontal flip, uint8 batches of 64, 2 worker processes or
 2 threads. `python bench/peer_loaders.py NAME` prints one JSON line: NAME's images/s in epoch 2 of 2.
 
-Run by the peers' own venv (.venv-peers: DALI, FFCV, litdata and mosaicml-streaming pin numpy, numba and CUDA
-wheels of their own), so this file imports only torch and torchvision at the top and each peer inside its builder;
-the stock torchvision row runs the same code under the project's venv. Each peer's converted copy of the photos
+Run by the peers' own venv (.venv-peers: DALI, FFCV, litdata and mosaicml-streaming bring numpy, numba and CUDA
+wheels of their own; torch and torchvision at the lock's pins), the stock torchvision row too, so this file imports
+only torch and torchvision at the top and each peer inside its builder. Each peer's converted copy of the photos
 (.beton, MDS, litdata chunks) is written once into the cache folder, outside the timing.
 """
 
