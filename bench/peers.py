@@ -170,19 +170,20 @@ def main() -> None:
         figure = (f"{best[row]:.0f} | {statistics.median(rates[row]):.0f} | {spread(rates[row])}" if row in best
                   else f"did not run | | {info.get(row, {}).get('error', 'no figure')}")
         print(f"| {label(row, info.get(row, {}))} | {figure} |")
-    peers = {row: best[row] for row in PEERS if row in best}
+    median = {row: statistics.median(values) for row, values in rates.items() if values}
     step = step_seconds()
-    if E2E in best and PIPELINE in best:
-        ratio = best[E2E] / best[PIPELINE]
-        report("end to end / loadout's pipeline alone", ratio, ">= 0.9", ratio >= 0.9,
-               f"{best[E2E]:.0f} vs {best[PIPELINE]:.0f} img/s")
-    if peers:
-        top = max(peers, key=peers.get)
-        for row, target in ((E2E, 1.0), (PIPELINE, 1.15)):
-            if row in best:
-                ratio = best[row] / peers[top]
-                report(f"{row} / the best peer ({top})", ratio, f">= {target:g}", ratio >= target,
-                       f"{best[row]:.0f} vs {peers[top]:.0f} img/s")
+    comparisons = [(E2E, "loadout's pipeline alone", PIPELINE, PIPELINE, 0.9)]
+    peers = [row for row in PEERS if row in best]
+    if peers:  # the best peer by each figure: on a loaded box one quiet moment can crown a row by its best alone
+        top, top_median = max(peers, key=best.get), max(peers, key=median.get)
+        name = f"the best peer ({top}; by medians {top_median})"
+        comparisons += [(E2E, name, top, top_median, 1.0), (PIPELINE, name, top, top_median, 1.15)]
+    for row, name, other, other_median, target in comparisons:
+        if row in best and other in best:
+            ratio = best[row] / best[other]
+            report(f"{row} / {name}", ratio, f">= {target:g}", ratio >= target,
+                   f"{best[row]:.0f} vs {best[other]:.0f} img/s, best of {ROUNDS}; by medians "
+                   f"{median[row] / median[other_median]:.2f}")
     if PIPELINE in best:
         budget = len(os.sched_getaffinity(0)) * BATCH / best[PIPELINE]
         print(f"  StepModel's step: {step * 1e3:.1f} ms of CPU a batch (fp32, one thread, median of 20), "
