@@ -10,12 +10,13 @@ IMAGENET_DATA ?= data/synthetic-500
 VOC_DATA ?= data/synthetic-voc
 VOC_SEED_DATA ?= data/synthetic-voc-320
 REAL_DATA ?= data/photos-500
+PEERS_VENV ?= .venv-peers
 ARGS ?=
 NPROC ?= 2
 MIN_PYTHON := 3.11
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-dev lock dataset train test test-fast lint test-container torchrun slurm gpu-check gpu-wheels bench soak tune tensorboard clean
+.PHONY: help setup setup-dev lock dataset train test test-fast lint test-container torchrun slurm gpu-check gpu-wheels bench bench-peers soak tune tensorboard clean
 
 help: ## List the targets
 	@if [ -t 1 ]; then on='\033[36m'; off='\033[0m'; fi; \
@@ -118,6 +119,21 @@ bench: setup-dev dataset $(SEED_DATA)/.complete $(VOC_SEED_DATA)/.complete $(PHO
 
 soak: setup-dev dataset ## A long run stays flat: PSS, open files, threads per epoch, nothing left after exit (SOAK_EPOCHS=40)
 	$(PY) bench/soak.py
+
+# The peers' own venv: they pin numpy, numba, OpenCV and CUDA wheels loadout's lock does not hold. FFCV builds from
+# source against Debian's libturbojpeg and OpenCV headers; where that fails the others install and its row says why.
+# The stamp waits for all of them, so the next run tries FFCV again.
+$(PEERS_VENV)/.installed: bench/peers-requirements.txt
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/peers-requirements.txt && touch $@ \
+	  || { grep -v '^ffcv' bench/peers-requirements.txt > $(PEERS_VENV)/without-ffcv.txt \
+	       && $(PEERS_VENV)/bin/python -m pip install --quiet -r $(PEERS_VENV)/without-ffcv.txt \
+	       && echo "FFCV did not install: it builds against libturbojpeg and OpenCV (as root: apt-get install -y" \
+	            "libturbojpeg0-dev libopencv-dev pkg-config); its row says so" >&2; }
+
+bench-peers: setup-dev $(PEERS_VENV)/.installed $(REAL_DATA)/.complete ## loadout beside DALI (CPU), FFCV, litdata, mosaicml-streaming, torchvision on real photos (peers in .venv-peers)
+	PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) bench/peers.py
 
 clean: ## Remove outputs/ (runs and sweeps; keeps .venv and data/)
 	rm -rf outputs
