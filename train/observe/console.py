@@ -14,6 +14,11 @@ from tqdm import tqdm
 
 from train.observe.meter import EpochMeter
 
+# No tqdm monitor thread (tqdm's documented switch): it ends on its own clock, and a thread ending while the loop
+# forks a loader's workers can leave the child waiting forever on CPython 3.11's thread-state lock (seen once: a
+# validation worker stuck in fork under a CPU hog). It only retunes a stalled bar's refresh.
+tqdm.monitor_interval = 0
+
 log = logging.getLogger("train.loop.progress")
 T = TypeVar("T")
 
