@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from common import SEED_DATA, config, machine, report
 
-from train.data import data_from_config
 from train.dist import DistEnv, seed_everything
 from train.loop.engine import Trainer
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 ROUNDS, TARGET, BATCHES = 3, 0.95, 16

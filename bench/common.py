@@ -14,10 +14,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from train.config import register
-from train.data import DataPipeline, data_from_config
+from train.data import DataPipeline
 from train.data.loader.batch import Batch
 from train.dist import DistEnv
 from train.observe.meter import EpochMeter
+from train.run.job import data_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

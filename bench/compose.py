@@ -16,8 +16,8 @@ from common import CPU, DATA, ROOT, config, host_batches, images_per_s, machine,
 from torchvision.transforms import v2
 
 from train.build import instantiate
-from train.data import data_from_config
 from train.dist import DistEnv
+from train.run.job import data_from_config
 
 REAL_DATA = Path(os.environ.get("REAL_DATA", ROOT / "data" / "photos-500"))
 ROUNDS, TARGET = 5, 1.03

@@ -21,10 +21,10 @@ import torch
 from common import DATA, SEED_DATA, config, interleaved_samples, machine, report, spread
 
 import train.data.samples as samples_module
-from train.data import data_from_config
 from train.data.loader.batch import collate
 from train.data.loader.stages import AUGMENT, DECODE, READ, StageBoard, StageClock, TimedCollate
 from train.dist import DistEnv
+from train.run.job import data_from_config
 
 ROUNDS, BATCHES, TARGET = 7, 8, 0.98
 CPU = torch.device("cpu")

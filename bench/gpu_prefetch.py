@@ -19,13 +19,14 @@ from pathlib import Path
 import torch
 from common import SEED_DATA, config, host_batches, machine
 
-from train.data import DataPipeline, data_from_config
+from train.data import DataPipeline
 from train.data.loader.batch import Batch
 from train.data.transforms import DeviceNormalize
 from train.dist import DistEnv
 from train.loop.model import build_model
 from train.loop.step import TrainStep
 from train.observe.meter import EpochMeter
+from train.run.job import data_from_config
 
 BATCH = (128, 3, 224, 224)
 

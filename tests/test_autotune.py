@@ -16,7 +16,6 @@ import torch
 from tests.conftest import compose_config, read_metrics
 from tests.sample_log import SampleLog
 from tests.tiny_net import TinyNet
-from train.data import data_from_config
 from train.data.datasets import ImageFolderDataset
 from train.data.loader.autotune import decide
 from train.data.loader.plan import LoaderPlan
@@ -25,6 +24,7 @@ from train.loop import checkpoint
 from train.loop.engine import Trainer
 from train.loop.model import build_model
 from train.observe.doctor import Finding
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_thread_steps")  # the decisions compare the loader's pace to the step's

@@ -30,11 +30,11 @@ class SlowReads(ImageFolderDataset):
 
 def rank_main(root: str, out_dir: str) -> None:
     from tests.conftest import compose_config
-    from train.data import data_from_config
     from train.data.loader.autotune import Autotune
     from train.dist import DistEnv, destroy_process_group, init_process_group
     from train.observe.doctor import Doctor, Finding, Machine
     from train.observe.meter import EpochMeter
+    from train.run.job import data_from_config
 
     env = DistEnv.from_env()
     init_process_group(env, CPU)

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
 from train.build import instantiate
 from train.config import validate
-from train.data import build_sources, data_from_config
+from train.data import build_sources
 from train.data.augment import BatchMix
 from train.data.config import drop_worker_knobs
 from train.dist import DistEnv
@@ -23,7 +23,9 @@ from train.errors import ConfigError
 from train.loop import checkpoint
 from train.loop.model import build_model
 from train.loop.step import TrainStep
+from train.run.job import data_from_config
 from train.run.overrides import check_command_line
+from train.task import Classification
 
 CPU = torch.device("cpu")
 GROUPS = ("dataset", "model", "optimizer", "scheduler", "augment", "experiment")
@@ -129,7 +131,7 @@ def test_own_dataset_in_process_gets_the_ring_workers_and_device_batches(csv_roo
 def test_a_target_that_does_not_import_fails_in_one_line_naming_the_key_and_module(tiny_dataset):
     cfg = compose_config(small(tiny_dataset, "dataset._target_=no_such_pkg.Images"))
     with pytest.raises(ConfigError) as err:
-        build_sources(cfg.dataset, cfg.data)
+        build_sources(cfg.dataset, cfg.data, Classification())
     assert str(err.value).startswith("dataset._target_=no_such_pkg.Images: cannot import")
     assert "'no_such_pkg'" in str(err.value) and "\n" not in str(err.value)
     cfg = compose_config(small(tiny_dataset, "optimizer._target_=torch.optim.NoSuchOptimizer"))
@@ -263,7 +265,7 @@ class FloatImages(NoClasses):
 def test_a_source_is_checked_once_at_build_time_in_one_line(tiny_dataset, source, message):
     cfg = compose_config(small(tiny_dataset, f"dataset._target_=tests.test_bring_your_own.{source}"))
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
-        build_sources(cfg.dataset, cfg.data)
+        build_sources(cfg.dataset, cfg.data, Classification())
     assert str(err.value).startswith(f"dataset._target_=tests.test_bring_your_own.{source}:")
     assert "\n" not in str(err.value)
 
@@ -328,9 +330,9 @@ def test_own_task_in_one_file_trains_from_outside_the_package(tmp_path, monkeypa
     """examples/counting: its task (a regression: MSE, val_mae, best by the lowest) and its source, named by the
     example's YAML on the search path, trained by the loop; its figures join the vocabulary and best.pt follows
     val_mae."""
-    from train.data import data_from_config
     from train.loop.engine import Trainer
     from train.observe.metrics import EPOCH
+    from train.run.job import data_from_config
     from train.task import build_task
 
     monkeypatch.syspath_prepend(str(COUNTING))

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from tests.conftest import compose_config, read_metrics
-from train.data import data_from_config
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.loop import checkpoint
 from train.loop.engine import Trainer
 from train.loop.model import build_model
 from train.observe.epoch_counts import EpochCounts
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 

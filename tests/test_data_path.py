@@ -21,7 +21,6 @@ from torchvision.transforms import v2
 
 from scripts.pack_dataset import pack_split
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
-from train.data import data_from_config
 from train.data.datasets import Cifar10Dataset, ImageFolderDataset
 from train.data.fast.cache import SharedSampleCache
 from train.data.fast.packed import PackedDataset
@@ -34,6 +33,7 @@ from train.data.seeds import loader_seed, sample_seed, sample_seeds
 from train.data.transforms import MEAN, STD, DirectCompose, fit_square
 from train.dist import DistEnv
 from train.errors import ConfigError
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 

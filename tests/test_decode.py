@@ -17,13 +17,13 @@ from torchvision.transforms.v2 import functional as F
 
 from scripts.make_dataset import make_synthetic_imagefolder, render_photo
 from tests.conftest import ROOT, compose_config
-from train.data import data_from_config
 from train.data.datasets import ImageFolderDataset
 from train.data.fast.decode import dct_scale, decode_image_file, exif_orientation
 from train.data.fast.packed import PackedDataset
 from train.data.loader.batch import channels_innermost
 from train.data.transforms import fit_square
 from train.dist import DistEnv
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 

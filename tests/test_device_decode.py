@@ -23,7 +23,6 @@ from torchvision.transforms import v2
 from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli, whole_and_resumed
 from train.config import validate
-from train.data import data_from_config
 from train.data.fast.decode import exif_orientation
 from train.data.fast.encoded import (
     FLIP,
@@ -40,6 +39,7 @@ from train.data.geometry import BoxPlan
 from train.data.transforms import MEAN, STD
 from train.dist import DistEnv
 from train.errors import ConfigError
+from train.run.job import data_from_config
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 

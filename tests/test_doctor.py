@@ -12,7 +12,6 @@ import torch
 
 from tests.conftest import compose_config, read_metrics
 from tests.tiny_net import TinyNet
-from train.data import data_from_config
 from train.data.augment import Recipe
 from train.data.datasets import ImageFolderDataset
 from train.data.loader.stages import DECODE, READ, SPLIT_EVERY, StageClock
@@ -21,6 +20,7 @@ from train.dist import DistEnv
 from train.loop.engine import Trainer
 from train.loop.model import build_model
 from train.observe.doctor import STAGES
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_thread_steps")  # the diagnoses compare the loader's pace to the step's

@@ -11,10 +11,10 @@ import torch
 
 from tests.conftest import compose_config, read_metrics
 from tests.test_shards import nginx_serving, start_proxy
-from train.data import data_from_config
 from train.dist import DistEnv
 from train.loop.engine import Trainer
 from train.loop.model import build_model
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 DELAY_MS = 200  # a store this far away: each shard's download waits at least this long

@@ -13,11 +13,11 @@ import torch
 
 from tests.conftest import compose_config, read_metrics
 from train.build import instantiate
-from train.data import data_from_config
 from train.dist import DistEnv, seed_everything
 from train.loop.engine import Trainer
 from train.loop.model import build_model
 from train.loop.stop import Stopped, StopSignal
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 

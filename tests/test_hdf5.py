@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader
 from tests.conftest import compose_config, read_metrics, run_cli
 from tests.test_segmentation_data import write_voc
 from tests.test_segmentation_stores import aligned_batches, check_aligned
-from train.data import data_from_config
 from train.data.datasets import ImageFolderDataset
 from train.data.fast.decode import decode_image_file
 from train.data.files.hdf5_source import HDF5Encoded, HDF5Pixels, hdf5_source
@@ -29,6 +28,7 @@ from train.data.samples import Samples
 from train.data.voc import VOCSegmentation
 from train.dist import DistEnv
 from train.errors import ConfigError
+from train.run.job import data_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")

@@ -28,7 +28,7 @@ from tests.conftest import (
     wait_for,
 )
 from tests.test_shards import s3 as s3_server  # noqa: F401  (moto's S3 server with the shards, as a fixture)
-from train.data import build_sources, data_from_config
+from train.data import build_sources
 from train.data.loader.samplers import build_sampler
 from train.data.mix import MixReadError, MixSource
 from train.data.samples import Samples
@@ -36,6 +36,7 @@ from train.data.source import check_first, sample_name
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.observe.metrics import EPOCH
+from train.run.job import data_from_config
 from train.task.classification import Classification
 
 PER_EPOCH, BATCH = 96, 16  # 3:1 of 96: 72 folder samples and 24 from the shards an epoch, 6 batches
@@ -84,7 +85,7 @@ def test_each_source_gets_its_weighted_share_spread_evenly_and_goes_through_its_
 def one_line_error(overrides: list[str], build=build_sources) -> str:
     cfg = compose_config(["hardware=cpu", "dataset=mix", *overrides])
     with pytest.raises(ConfigError) as err:
-        build(cfg.dataset, cfg.data) if build is build_sources else build(cfg, DistEnv(), None)
+        build(cfg.dataset, cfg.data, Classification()) if build is build_sources else build(cfg, DistEnv(), None)
     message = str(err.value)
     assert "\n" not in message, message
     return message
@@ -136,7 +137,7 @@ def test_an_unreadable_sample_names_its_source(tiny_dataset, tmp_path, caplog):
     folder = re.escape(str(broken / "train" / first))
     with pytest.raises(ConfigError, match=rf"^dataset\.sources\.broken: none of its first 8 samples reads "
                                           rf"\(the first, {folder}/[^ ]+\.jpg \(sample 0\): "):
-        build_sources(cfg.dataset, cfg.data)
+        build_sources(cfg.dataset, cfg.data, Classification())
 
 
 def run_args(folder: Path, run_dir: Path, cache: Path, *extra: str) -> list[str]:

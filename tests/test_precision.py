@@ -15,7 +15,6 @@ from torch import nn
 
 from tests.conftest import compose_config, read_metrics, run_cli
 from train.config import validate
-from train.data import data_from_config
 from train.data.loader.batch import Batch
 from train.dist import DistEnv
 from train.errors import ConfigError
@@ -24,6 +23,7 @@ from train.loop.engine import Trainer
 from train.loop.model import build_model
 from train.loop.precision import RunPrecision, cpu_flags, native_bf16, resolve
 from train.loop.step import TrainStep
+from train.run.job import data_from_config
 from train.tune.cpu_precision import choose, measure, measured
 from train.tune.measure import PRECISION_FILE, settle_once
 

@@ -179,8 +179,8 @@ def test_the_training_batches_over_sorted_shards_mix_labels_at_the_default_setti
     import torch
 
     from tests.conftest import compose_config
-    from train.data import data_from_config
     from train.dist import DistEnv
+    from train.run.job import data_from_config
 
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={sorted_shards}", "data.image_size=32",
                           f"data.batch_size={BATCH}", "data.num_workers=2", "trainer.epochs=1",

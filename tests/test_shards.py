@@ -19,13 +19,13 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli, wait_for, whole_and_resumed
-from train.data import data_from_config
 from train.data.datasets import ImageFolderDataset
 from train.data.loader.samplers import ShardWindowSampler
 from train.data.remote.shard_store import ShardError, ShardStore
 from train.data.remote.shards import ShardSource
 from train.dist import DistEnv
 from train.errors import ConfigError
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 SECRET = "not-a-real-secret-8f3c"  # the S3 secret key the tests use: it must never show in a message

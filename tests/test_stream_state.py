@@ -17,12 +17,12 @@ from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.conftest import compose_config
-from train.data import data_from_config
 from train.data.loader.stream import EpochBatchSampler
 from train.dist import DistEnv
 from train.loop import checkpoint
 from train.loop.engine import Trainer
 from train.loop.model import build_model
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 

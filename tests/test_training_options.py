@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from tests.conftest import compose_config, read_metrics, run_cli
-from train.data import data_from_config
 from train.data.datasets import Cifar10Dataset
 from train.dist import DistEnv
 from train.loop.engine import Trainer
 from train.loop.model import build_model
+from train.run.job import data_from_config
 
 
 def test_cifar10_reads_python_batches(cifar_root):

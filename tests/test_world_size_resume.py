@@ -22,12 +22,12 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, compose_config, training_at, wait_for
-from train.data import data_from_config
 from train.data.loader.positions import LoaderPositions
 from train.dist import DistEnv
 from train.errors import ConfigError
 from train.loop import checkpoint
 from train.loop.progress import Plan, Progress
+from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 TRAIN, BATCH = 240, 16

@@ -11,13 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from train.build import fitted_spec, instantiate
-from train.data.augment import Recipe
 from train.data.fast.cache import SharedSampleCache
 from train.data.fast.encoded import device_decoding
 from train.data.loader.activity import ActivityBoard
@@ -35,9 +33,6 @@ from train.data.source import Offers, Source, check_sources, first_readable, sam
 from train.data.transforms import resize_size
 from train.dist import DistEnv
 from train.errors import ConfigError
-
-if TYPE_CHECKING:  # the task package imports the data path (masks), not the other way at import time
-    from train.task import Task
 
 
 @dataclass(frozen=True)
@@ -149,14 +144,12 @@ class DataPipeline:
         self.close()
 
 
-def build_sources(spec, data, task: Task | None = None) -> tuple[Source, Source]:
-    """`dataset._target_` built with split="train" and "val", checked (source.py) for `task` (classification when
-    none is given); a source that can decode at a smaller size gets the resize size when data.scaled_decode."""
-    from train.task import Classification
-
+def build_sources(spec, data, task) -> tuple[Source, Source]:
+    """`dataset._target_` built with split="train" and "val", checked (source.py) for what `task` trains on; a
+    source that can decode at a smaller size gets the resize size when data.scaled_decode."""
     spec = fitted_spec("dataset", spec, optional=("root",))  # a class of your own may take no root
     train, val = (instantiate("dataset", spec, split=split) for split in ("train", "val"))
-    check_sources(spec._target_, train, val, task or Classification())
+    check_sources(spec._target_, train, val, task)
     if data.scaled_decode and Offers.of(train).min_side:
         train.min_side = val.min_side = resize_size(data)
     return train, val
@@ -181,10 +174,11 @@ def _sample_cache(data, train: Source) -> SharedSampleCache | None:
     return SharedSampleCache(len(train), resize_size(data), data.cache_bytes)
 
 
-def build_data(data, sources: tuple[Source, Source], recipe: Recipe, plan: LoaderPlan, env: DistEnv,
+def build_data(data, sources: tuple[Source, Source], recipe, plan: LoaderPlan, env: DistEnv,
                device: torch.device, *, seed: int, epochs: int, channels_last: bool) -> DataPipeline:
-    """Both loaders from the `data:` section, the sources, the augmentation recipe and the plan; every check that can
-    fail runs here, before any worker starts."""
+    """Both loaders from the `data:` section, the sources, the augmentation recipe (its `train_transform` and
+    `val_transform`: the template's augment recipes) and the plan; every check that can fail runs here, before any
+    worker starts."""
     train, val = sources
     cache = _sample_cache(data, train)
     stored = Offers.of(train).size  # the side of square stored samples (packed): no Resize for them
@@ -206,14 +200,3 @@ def build_data(data, sources: tuple[Source, Source], recipe: Recipe, plan: Loade
     train_stream = build_train_stream(samples[0], plan, data, env, seed=seed, epochs=epochs, to_device=to_device)
     return DataPipeline(train_stream, to_device(val_loader), plan, samples, LoaderRecipe(data, env, seed, to_device))
 
-
-def data_from_config(cfg, env: DistEnv, device: torch.device, recipe: Recipe | None = None,
-                     typed_workers: bool = True) -> DataPipeline:
-    """`build_data` with every part built from a composed config (tests, benchmarks, tune)."""
-    from train.task import build_task
-
-    recipe = recipe or instantiate("augment", cfg.augment)
-    task = build_task(cfg)
-    plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers).for_task(task)
-    return build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan, env, device,
-                      seed=cfg.trainer.seed, epochs=cfg.trainer.epochs, channels_last=cfg.trainer.channels_last)

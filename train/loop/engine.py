@@ -1,6 +1,6 @@
 """The epoch loop: train steps (train/loop/step.py), evaluation (evaluate.py), checkpoints (last.pt, and best.pt by
 the task's best figure), the ranks' agreement on stopping (agreement.py), one metrics row an epoch;
-trainer.mode=validate evaluates a checkpoint instead (validate.py).
+trainer.mode=validate evaluates a checkpoint instead (`Trainer.validate`).
 
 Callbacks (the `callbacks:` config group, `_target_` classes) see the run from outside: each may define
 `on_train_batch(trainer, batch)`, `on_save(trainer)` (every rank, before the checkpoint is written) and
@@ -33,10 +33,8 @@ from train.loop.evaluate import Evaluation
 from train.loop.micro_batch import said_in_one_line
 from train.loop.profiling import StepProfiler
 from train.loop.progress import Plan, Progress
-from train.loop.resume import restore
 from train.loop.step import TrainStep
 from train.loop.stop import StopSignal
-from train.loop.validate import validate_checkpoint
 from train.observe.console import Console
 from train.observe.doctor import Doctor, Machine
 from train.observe.epoch_counts import EpochCounts
@@ -132,8 +130,40 @@ class Trainer:
         self.agreement.saved_step = self.progress.step
 
     def resume(self, path: Path) -> None:
-        """Restore a checkpoint; what it cannot honour fails here, in one line, before any worker starts."""
-        restore(self, path)
+        """Continue from the checkpoint at `path`: its parts loaded by name, the loader's position, the LR schedule
+        re-planned when the epochs or steps an epoch changed; what cannot be honoured (another batch size mid-epoch,
+        another model) fails here, in one line, before any worker starts."""
+        state = checkpoint.load(path)  # on the CPU: load_state_dict moves what belongs on the device
+        progress, saved, tc = Progress.from_state(state["progress"]), Plan(**state["plan"]), self.tc
+        self.plan.check_continues(saved, progress, path)
+        parts = self.parts()
+        del parts["plan"], parts["scaler"]  # this run's plan stands (checked above); the scaler loads from any device
+        checkpoint.load_model(parts.pop("model"), state, path, self.model_name)
+        self.step.load_scaler(state.get("scaler", {}))
+        # checkpoints written before trainer.micro_batch_size, the logger group, data.autotune, the epoch's counts, the
+        # precision record lack them
+        for name in ("micro_batch", "trackers", "autotune", "meter", "precision"):
+            if name not in state:
+                parts.pop(name, None)
+        if progress.batch_in_epoch >= self.batches.per_epoch or tc.overfit_batches:  # no position to go on from
+            del parts["loader"]
+        for name, part in parts.items():
+            part.load_state_dict(state[name])
+        if self.positions.batch_in_epoch is not None:  # another process count: the rest numbered as the last batches
+            self.progress.batch_in_epoch = self.positions.batch_in_epoch
+        self.plan.follow(saved, self.progress, self.batches.per_epoch, tc.grad_accum_steps)
+        if {saved.total_steps, self.step.total_steps} != {self.plan.total_steps}:  # epochs or steps an epoch changed
+            self.step.total_steps = max(self.plan.total_steps, 1)
+            self.step.scheduler = self.step.plan_schedule(progress.step)
+            log.info("trainer.epochs=%d: the LR schedule is re-planned over %d steps (was %d), continuing at step %d "
+                     "with lr %.4g", tc.epochs, self.step.total_steps, saved.total_steps, progress.step,
+                     self.step.scheduler.get_last_lr()[0])
+        self.data.set_epoch(progress.epoch)
+        log.info("resumed from %s at epoch %d, batch %d, step %d", path, progress.epoch + 1,
+                 progress.batch_in_epoch, progress.step)
+        if progress.epoch >= tc.epochs:
+            log.info("the run in %s is complete (trainer.epochs=%d): raise trainer.epochs to train it further",
+                     path, tc.epochs)
 
     # -- loop ------------------------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -238,8 +268,20 @@ class Trainer:
         return SourceTally(names, partial(self.data.parts_of, epoch))
 
     def validate(self, path: Path) -> dict:
-        """trainer.mode=validate: the checkpoint's weights on the val split; one metrics row (validate.py)."""
-        return validate_checkpoint(self, path)
+        """trainer.mode=validate: the checkpoint's weights evaluated on the val split; rank 0 writes the row."""
+        state = checkpoint.load(path)
+        checkpoint.load_model(self.step.model, state, path, self.model_name)
+        if "precision" in state:  # auto on a bf16 CPU evaluates in the precision the run measured and trained in
+            self.step.auto.load_state_dict(state["precision"])
+        # the row names the precision it evaluated in: run.json's, written before the checkpoint was read, may differ
+        record = {"mode": "validate", "checkpoint": str(path), "epoch": state["progress"]["epoch"],
+                  "precision": self.step.precision, **self.evaluate()}
+        if self.env.is_main:
+            append_jsonl(self.metrics_path, record)
+            figure = self.step.task.best[0]
+            log.info("validate %s: val_loss %.4f  %s %.3f on %d samples in %s", path, record["val_loss"], figure,
+                     record[figure], record["val_samples"], record["precision"])
+        return record
 
     def evaluate(self) -> dict:
         batches = self._batches(self.batches.val(), EpochMeter(self.device), "val", self.batches.val_batches)

@@ -154,9 +154,3 @@ def epoch_line(record: dict, epochs: int, max_steps: int | None = None) -> str:
         cut = f" (cut at max_steps={max_steps})" if max_steps else " (cut short by trainer.max_steps)"
     return f"epoch {record['epoch']}/{epochs}{cut}  " + "  ".join(shown)
 
-
-
-# The default task's figures (task=classification), so a process that builds no task knows today's vocabulary.
-from train.task.classification import Classification  # noqa: E402  (it imports this module only when asked)
-
-use_task_figures(Classification.metric_rows())

@@ -203,3 +203,17 @@ def continue_command(run_dir: Path) -> str:
     return f"{launcher} trainer.resume=auto hydra.run.dir={shown_path(run_dir)}"
 
 
+
+
+def data_from_config(cfg, env: DistEnv, device, recipe=None, typed_workers: bool = True):
+    """`build_data` with every part built from a composed config (tests, benchmarks)."""
+    from train.build import instantiate
+    from train.data import build_data, build_sources
+    from train.data.loader.plan import LoaderPlan
+    from train.task import build_task
+
+    recipe = recipe or instantiate("augment", cfg.augment)
+    task = build_task(cfg)
+    plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers).for_task(task)
+    return build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan, env, device,
+                      seed=cfg.trainer.seed, epochs=cfg.trainer.epochs, channels_last=cfg.trainer.channels_last)
