@@ -70,14 +70,14 @@ torchrun: setup dataset ## Train with torchrun on this box: make torchrun NPROC=
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m train $(ARGS)
 
 test: setup-dev ## Run the test suite (lint included)
-	$(PY) -m ruff check train scripts tests bench examples
+	$(PY) -m ruff check loadout train scripts tests bench examples
 	$(PY) -m pytest -q $(ARGS)
 
 test-fast: setup-dev ## Run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 lint: setup-dev ## ruff on the Python sources
-	$(PY) -m ruff check train scripts tests bench examples
+	$(PY) -m ruff check loadout train scripts tests bench examples
 
 gpu-check: setup-dev ## On a GPU box: CUDA tests, GPU profiles, one-rank DDP, resume, fp16, compile, decode=device (ARGS="--only a100"; offline: docs/gpu.md)
 	$(PY) scripts/gpu_check.py $(ARGS)

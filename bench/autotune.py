@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""data.autotune (train/data/loader/autotune.py): a training run started badly (data.num_workers=0, prefetch 1) with
+"""data.autotune (loadout/data/loader/autotune.py): a training run started badly (data.num_workers=0, prefetch 1) with
 autotune on, against the best static loader configuration of this machine, each a real 3-epoch run of the trainer
 (the 320 px JPEGs at Resize 256 -> RandomCrop 224, a small model whose step takes about as long as a decode).
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from common import SEED_DATA, config, machine, report
 
-from train.dist import DistEnv, seed_everything
+from loadout.dist import DistEnv, seed_everything
+from train.job import data_from_config
 from train.loop.engine import Trainer
-from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 ROUNDS, TARGET, BATCHES = 3, 0.95, 16
@@ -52,7 +52,7 @@ def epochs_images_per_s(*overrides: str) -> list[float]:
 def main() -> None:
     print(machine())
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("train.data.loader.autotune").setLevel(logging.INFO)  # its one line a change
+    logging.getLogger("loadout.data.loader.autotune").setLevel(logging.INFO)  # its one line a change
     tuned: list[list[float]] = []
     static: dict[str, list[list[float]]] = {name: [] for name in STATIC}
     for _ in range(ROUNDS):

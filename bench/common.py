@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from loadout.data import DataPipeline
+from loadout.data.loader.batch import Batch
+from loadout.dist import DistEnv
+from loadout.observe.meter import EpochMeter
 from train.config import register
-from train.data import DataPipeline
-from train.data.loader.batch import Batch
-from train.dist import DistEnv
-from train.observe.meter import EpochMeter
-from train.run.job import data_from_config
+from train.job import data_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def jpeg_files(root: Path) -> list[Path]:
 
 
 def images_per_s(batches: Iterable, step: Callable[[], None] | None = None) -> float:
-    """Images per second over `batches` (train/observe/meter.py's EpochMeter), timed from the second batch on (the
+    """Images per second over `batches` (loadout/observe/meter.py's EpochMeter), timed from the second batch on (the
     first pays for worker start-up)."""
     meter = EpochMeter()  # times only: no memory sampler
     for index, batch in enumerate(batches):

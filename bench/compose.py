@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""DirectCompose (train/data/transforms.py: v2's steps called directly on one tensor) against a plain v2.Compose of
+"""DirectCompose (loadout/data/transforms.py: v2's steps called directly on one tensor) against a plain v2.Compose of
 the same steps: whole-loader images/s (2 workers, real JPEG decode, the training transform, uint8 batches), on the
 default path (data/synthetic, 64 px, augment=crop_flip) and on ImageNet's recipe over real photos (data/photos-500,
 224 px, augment=imagenet, crop-aware decode either way). DirectCompose earns its place if the default path gains
@@ -15,9 +15,9 @@ from pathlib import Path
 from common import CPU, DATA, ROOT, config, host_batches, images_per_s, machine, report, spread
 from torchvision.transforms import v2
 
-from train.build import instantiate
-from train.dist import DistEnv
-from train.run.job import data_from_config
+from loadout.build import instantiate
+from loadout.dist import DistEnv
+from train.job import data_from_config
 
 REAL_DATA = Path(os.environ.get("REAL_DATA", ROOT / "data" / "photos-500"))
 ROUNDS, TARGET = 5, 1.03

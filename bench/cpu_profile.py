@@ -3,7 +3,7 @@
 backward, SGD) on the same real batch, at the cpu profile's 64 px and at 224 px, measured in the same rounds.
 
 The profile takes channels_last and, where the CPU has native bf16 (avx512_bf16 or AMX), bf16 autocast for
-ResNet-18 (make tune measures bf16 against fp32 on the model: train/tune/cpu_precision.py; ResNet-18
+ResNet-18 (make tune measures bf16 against fp32 on the model: loadout/tune/cpu_precision.py; ResNet-18
 keeps bf16); on other CPUs it is fp32 channels_last. Target: new / old >= 1.1 at
 64 px on a CPU with native bf16 (reported for reference elsewhere).
 """
@@ -15,7 +15,7 @@ import time
 import torch
 from common import interleaved_samples, machine, pipeline, report, spread
 
-from train.loop import precision
+from loadout.runtime import precision
 from train.loop.model import torchvision_model
 
 BATCH, STEPS, ROUNDS, TARGET = 32, 6, 3, 1.1

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""JPEG decoding in one process, one thread: loadout's decoder (train/data/fast/decode.py: simplejpeg, at the DCT scale
-the resize needs) against torchvision.io.decode_image and PIL, images/s on the embedded set (80 px), a 320 px set
+"""JPEG decoding in one process, one thread: loadout's decoder (loadout/data/fast/decode.py: simplejpeg, at the DCT
+scale the resize needs) against torchvision.io.decode_image and PIL, images/s on the embedded set (80 px), a 320 px set
 (Resize 256 -> RandomCrop 224) and ImageNet-sized 500 px JPEGs. At these sizes no DCT scale keeps the resize size,
 so every file is decoded whole: loadout / torchvision >= 1 is no regression (12 MP photos: bench/photos.py). The
 same on real photographs (scripts/make_photos.py: ~500x375, quality 90), which compress less simply than the
@@ -20,7 +20,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as F
 
-from train.data.fast.decode import decode_image_file
+from loadout.data.fast.decode import decode_image_file
 
 IMAGENET_DATA = Path(os.environ.get("IMAGENET_DATA", ROOT / "data" / "synthetic-500"))
 REAL_DATA = Path(os.environ.get("REAL_DATA", ROOT / "data" / "photos-500"))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The per-stage timing's cost (train/data/loader/stages.py): samples/s of the per-sample path (read, decode, augment)
+"""The per-stage timing's cost (loadout/data/loader/stages.py): samples/s of the per-sample path (read, decode, augment)
 and the collate with the stage clocks on, as every run has them, against the same with them off (this benchmark
 swaps the clock for one that does nothing and the timed collate for the plain one), A B A B in one run.
 
@@ -20,11 +20,11 @@ import time
 import torch
 from common import DATA, SEED_DATA, config, interleaved_samples, machine, report, spread
 
-import train.data.samples as samples_module
-from train.data.loader.batch import collate
-from train.data.loader.stages import AUGMENT, DECODE, READ, StageBoard, StageClock, TimedCollate
-from train.dist import DistEnv
-from train.run.job import data_from_config
+import loadout.data.samples as samples_module
+from loadout.data.loader.batch import collate
+from loadout.data.loader.stages import AUGMENT, DECODE, READ, StageBoard, StageClock, TimedCollate
+from loadout.dist import DistEnv
+from train.job import data_from_config
 
 ROUNDS, BATCHES, TARGET = 7, 8, 0.98
 CPU = torch.device("cpu")

@@ -19,8 +19,8 @@ import time
 from common import images_per_s, interleaved_samples, machine, pipeline, report
 from torch.utils.data import DataLoader
 
-from train.data.loader.batch import collate
-from train.data.loader.stateful import shutdown_workers
+from loadout.data.loader.batch import collate
+from loadout.data.loader.stateful import shutdown_workers
 
 SETTINGS = ("data.num_workers=2", "data.persistent_workers=true", "trainer.epochs=2", "data.batch_size=64")
 TRIALS = 5

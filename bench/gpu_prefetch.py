@@ -19,14 +19,14 @@ from pathlib import Path
 import torch
 from common import SEED_DATA, config, host_batches, machine
 
-from train.data import DataPipeline
-from train.data.loader.batch import Batch
-from train.data.transforms import DeviceNormalize
-from train.dist import DistEnv
+from loadout.data import DataPipeline
+from loadout.data.loader.batch import Batch
+from loadout.data.transforms import DeviceNormalize
+from loadout.dist import DistEnv
+from loadout.observe.meter import EpochMeter
+from train.job import data_from_config
 from train.loop.model import build_model
 from train.loop.step import TrainStep
-from train.observe.meter import EpochMeter
-from train.run.job import data_from_config
 
 BATCH = (128, 3, 224, 224)
 
@@ -61,7 +61,7 @@ def _copied(data: DataPipeline, device: torch.device) -> Iterator[Batch]:
 
 def data_wait(prefetch: bool, device: torch.device, *overrides: str, root: Path = SEED_DATA, steps: int = 60,
               warmup: int = 5) -> float:
-    """Fraction of the training time after `warmup` steps spent waiting for the next batch (train/observe/metrics.py's
+    """Fraction of the training time after `warmup` steps spent waiting for the next batch (loadout/observe/metrics.py's
     definition), training through train/loop/step.py's TrainStep (ResNet-50, AMP on CUDA): the a100 profile on the
     320 px JPEG set unless `overrides` and `root` say otherwise."""
     cfg = config("hardware=a100", f"trainer.epochs={steps + 1}", *overrides, root=root)

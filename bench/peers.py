@@ -30,7 +30,7 @@ from common import ROOT, host_batches, machine, pipeline, report, spread
 from peer_loaders import BATCH, EPOCHS, SIZE, WORKERS, epoch_rate
 from real_photos import REAL_DATA, photo_files
 
-from train.data.loader.workers import one_torch_thread
+from loadout.data.loader.workers import one_torch_thread
 
 ROUNDS = int(os.environ.get("ROUNDS", 2))
 PEERS_PYTHON = Path(os.environ.get("PEERS_PYTHON", ROOT / ".venv-peers" / "bin" / "python"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from common import host_batches, machine, pipeline, report
 
-from train.observe.memory import MIB, worker_memory
+from loadout.observe.memory import MIB, worker_memory
 
 
 class ListPaths:

@@ -30,11 +30,11 @@ from PIL import Image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from train.data.fast.decode import crop_block, crop_resize, decode_for_box, decode_image_file, decoded_box
-from train.data.loader.batch import channels_innermost, stack_images
-from train.data.loader.ring import ShmRing
-from train.data.samples import Samples
-from train.data.seeds import sample_seeds
+from loadout.data.fast.decode import crop_block, crop_resize, decode_for_box, decode_image_file, decoded_box
+from loadout.data.loader.batch import channels_innermost, stack_images
+from loadout.data.loader.ring import ShmRing
+from loadout.data.samples import Samples
+from loadout.data.seeds import sample_seeds
 
 REAL_DATA = Path(os.environ.get("REAL_DATA", ROOT / "data" / "photos-500"))
 BATCH, BATCHES, ROUNDS = 64, 6, 3

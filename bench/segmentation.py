@@ -28,15 +28,15 @@ import torch
 from common import ROOT, images_per_s, interleaved_samples, machine, report, spread
 from torch.utils.data import DataLoader
 
-from train.data.augment import Recipe
-from train.data.fast.decode import decode_image_file
-from train.data.loader.plan import LoaderPlan
-from train.data.loader.ring import build_collate
-from train.data.loader.workers import one_torch_thread
-from train.data.masks import decode_mask
-from train.data.samples import Samples
-from train.data.seg_augment import SegmentationRecipe, joint
-from train.data.voc import VOCSegmentation, read_file
+from loadout.data.fast.decode import decode_image_file
+from loadout.data.loader.plan import LoaderPlan
+from loadout.data.loader.ring import build_collate
+from loadout.data.loader.workers import one_torch_thread
+from loadout.data.masks import decode_mask
+from loadout.data.samples import Samples
+from loadout.data.seg_augment import SegmentationRecipe, joint
+from loadout.data.voc import VOCSegmentation, read_file
+from train.augment import Recipe
 
 VOC_DATA = Path(os.environ.get("VOC_DATA", ROOT / "data" / "synthetic-voc"))
 VOC_SEED_DATA = Path(os.environ.get("VOC_SEED_DATA", ROOT / "data" / "synthetic-voc-320"))

@@ -19,7 +19,7 @@ import numpy as np
 from common import host_batches, machine, pipeline, report
 from PIL import Image
 
-from train.observe.memory import MIB, worker_memory
+from loadout.observe.memory import MIB, worker_memory
 
 SAMPLES, CLASSES = 20_000, 10
 

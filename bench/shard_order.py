@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train.data.loader.samplers import ShardWindowSampler  # noqa: E402
-from train.data.remote.shard_order import shard_window, spread_of_labels  # noqa: E402
+from loadout.data.loader.samplers import ShardWindowSampler  # noqa: E402
+from loadout.data.remote.shard_order import shard_window, spread_of_labels  # noqa: E402
 
 BATCH, WORKERS, SPAN, SEED = 64, 2, 1000, 0
 

@@ -24,9 +24,9 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loadout.data.datasets import ImageFolderDataset  # noqa: E402
+from loadout.data.voc import VOCSegmentation  # noqa: E402
 from scripts.pack_dataset import Fitted  # noqa: E402
-from train.data.datasets import ImageFolderDataset  # noqa: E402
-from train.data.voc import VOCSegmentation  # noqa: E402
 
 BLOCK = 256  # samples written at a time
 

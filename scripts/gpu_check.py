@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # loadout importable from the checkout, whatever the interpreter
-if TYPE_CHECKING:  # imported for real once the environment is checked (train.device imports torch)
-    from train.device import CudaFacts
+if TYPE_CHECKING:  # imported for real once the environment is checked (loadout.device imports torch)
+    from loadout.device import CudaFacts
 MIN_TORCH, MIN_TORCHVISION = (2, 6), (0, 21)  # the tested range (requirements.txt)
 MIN_TORCH_DECODE = (2, 11)  # torchcodec's stable-ABI builds (data.decode=device)
 PART_S = 540  # each part's limit, all its commands together: one part fits one 10-minute command
@@ -197,7 +197,7 @@ def gpu_present(cuda: CudaFacts) -> bool:
 def facts() -> dict:
     import torch
 
-    from train.device import describe, driver_version
+    from loadout.device import describe, driver_version
 
     cuda = torch.cuda.is_available()
     shm = shutil.disk_usage("/dev/shm").total if Path("/dev/shm").is_dir() else None
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from train.device import CudaFacts, why_no_cuda
+    from loadout.device import CudaFacts, why_no_cuda
 
     check.decode_problem = decode_problem()
     broken = False  # CUDA unusable on a machine with an NVIDIA driver

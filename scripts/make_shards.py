@@ -30,10 +30,10 @@ from hydra.utils import get_object
 from PIL import Image
 from tqdm import tqdm
 
-from train.data.datasets import ImageFolderDataset
-from train.data.fast.decode import JPEG_MAGIC
-from train.data.source import as_uint8_tensor
-from train.data.voc import VOCSegmentation
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.fast.decode import JPEG_MAGIC
+from loadout.data.source import as_uint8_tensor
+from loadout.data.voc import VOCSegmentation
 
 
 def encoded(source, index: int, max_side: int | None) -> tuple[bytes, str, int]:

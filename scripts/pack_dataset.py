@@ -8,7 +8,7 @@ loadout's memory-mapped uint8 format.
 
 Every image is made square at --size px (shorter side resized, centre crop); pick the training resize size
 (image_size * 256 / 224 by default) so training skips the Resize step. A VOC folder's masks go through the same
-square (masks.npy). train/data/fast/packed.py reads the format.
+square (masks.npy). loadout/data/fast/packed.py reads the format.
 """
 
 import argparse
@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from train.data.datasets import Cifar10Dataset, ImageFolderDataset
-from train.data.fast.packed import IMAGES, MASKS, META, TARGETS
-from train.data.masks import as_mask, check_mask_size, fit_mask_square
-from train.data.source import as_uint8_tensor
-from train.data.transforms import fit_square
-from train.data.voc import VOCSegmentation
+from loadout.data.datasets import Cifar10Dataset, ImageFolderDataset
+from loadout.data.fast.packed import IMAGES, MASKS, META, TARGETS
+from loadout.data.masks import as_mask, check_mask_size, fit_mask_square
+from loadout.data.source import as_uint8_tensor
+from loadout.data.transforms import fit_square
+from loadout.data.voc import VOCSegmentation
 
 log = logging.getLogger(__name__)
 

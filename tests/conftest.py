@@ -136,8 +136,8 @@ def whole_and_resumed(cfg, epoch: int, taken: int) -> tuple[list, list]:
     each batch as (images, indices) on the host."""
     import torch
 
-    from train.dist import DistEnv
-    from train.run.job import data_from_config
+    from loadout.dist import DistEnv
+    from train.job import data_from_config
 
     def host(batches) -> list:
         return [(batch.images.clone(), batch.indices.clone()) for batch in batches]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train.dist import barrier
-from train.loop.checkpoint import write_atomic
+from loadout.dist import barrier
+from loadout.runtime.checkpoint import write_atomic
 
 
 class SampleLog:

@@ -1,4 +1,4 @@
-"""data.autotune (train/data/loader/autotune.py): with real workers and real JPEG files, a decode-bound run started
+"""data.autotune (loadout/data/loader/autotune.py): with real workers and real JPEG files, a decode-bound run started
 without workers gets one by its second epoch, or within its first when that epoch is long, says so in one line and
 trains the very samples a run without autotune trains; a resume keeps the choice; a compute-bound run changes
 nothing; memory near its limit takes a worker away; a change goes straight to the worker count the pace asks."""
@@ -13,18 +13,18 @@ from dataclasses import replace
 import pytest
 import torch
 
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.loader.autotune import decide
+from loadout.data.loader.plan import LoaderPlan
+from loadout.dist import DistEnv, seed_everything
+from loadout.observe.doctor import Finding
+from loadout.runtime import checkpoint
 from tests.conftest import compose_config, read_metrics
 from tests.sample_log import SampleLog
 from tests.tiny_net import TinyNet
-from train.data.datasets import ImageFolderDataset
-from train.data.loader.autotune import decide
-from train.data.loader.plan import LoaderPlan
-from train.dist import DistEnv, seed_everything
-from train.loop import checkpoint
+from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.observe.doctor import Finding
-from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_thread_steps")  # the decisions compare the loader's pace to the step's
@@ -105,7 +105,7 @@ def test_a_resume_keeps_the_chosen_workers(tiny_dataset, tmp_path, caplog):
 
 def test_a_compute_bound_run_changes_nothing(tiny_dataset, tmp_path, caplog):
     lines, records = fit(tiny_dataset, tmp_path, caplog, "model._target_=tests.test_autotune.SlowNet",
-                         "dataset._target_=train.data.datasets.ImageFolderDataset", "trainer.limit_batches=3",
+                         "dataset._target_=loadout.data.datasets.ImageFolderDataset", "trainer.limit_batches=3",
                          "trainer.epochs=2")
     assert records[0]["bound"] in ("compute", "keeps up"), records[0]
     assert not [line for line in lines if line.startswith("autotune")]
@@ -160,9 +160,9 @@ def test_at_the_cores_share_a_deeper_prefetch_only_where_the_workers_keep_the_pa
 def test_a_change_that_made_samples_slower_is_undone_and_the_plan_stays(tiny_dataset, tmp_path, caplog):
     """The diagnosis asks for a worker; the next epoch on it is measured slower a sample: back to no workers, and a
     later epoch's same diagnosis changes nothing (a resume keeps that)."""
-    from train.data.loader.autotune import Autotune
+    from loadout.data.loader.autotune import Autotune
 
-    caplog.set_level(logging.INFO, logger="train.data.loader.autotune")
+    caplog.set_level(logging.INFO, logger="loadout.data.loader.autotune")
     _, data = trainer(tiny_dataset, tmp_path)
     with data:
         tuner = Autotune(data, DistEnv(), cores=4)

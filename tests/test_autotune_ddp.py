@@ -1,4 +1,4 @@
-"""data.autotune under DDP (train/data/loader/autotune.py): with real torchrun, two gloo ranks and real workers, ranks
+"""data.autotune under DDP (loadout/data/loader/autotune.py): with real torchrun, two gloo ranks and real workers, ranks
 whose own choices differ (their cores' shares differ, and their findings) apply one agreed choice, at the same batch
 within a long first epoch and after an epoch.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.data.datasets import ImageFolderDataset
+from loadout.data.datasets import ImageFolderDataset
 
 CPU = torch.device("cpu")
 
@@ -29,12 +29,12 @@ class SlowReads(ImageFolderDataset):
 
 
 def rank_main(root: str, out_dir: str) -> None:
+    from loadout.data.loader.autotune import Autotune
+    from loadout.dist import DistEnv, destroy_process_group, init_process_group
+    from loadout.observe.doctor import Doctor, Finding, Machine
+    from loadout.observe.meter import EpochMeter
     from tests.conftest import compose_config
-    from train.data.loader.autotune import Autotune
-    from train.dist import DistEnv, destroy_process_group, init_process_group
-    from train.observe.doctor import Doctor, Finding, Machine
-    from train.observe.meter import EpochMeter
-    from train.run.job import data_from_config
+    from train.job import data_from_config
 
     env = DistEnv.from_env()
     init_process_group(env, CPU)

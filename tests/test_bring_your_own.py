@@ -12,19 +12,19 @@ import torch
 from hydra.utils import get_object
 from omegaconf import OmegaConf
 
+from loadout.build import instantiate
+from loadout.data import build_sources
+from loadout.data.config import drop_worker_knobs
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
+from loadout.runtime import checkpoint
 from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
-from train.build import instantiate
+from train.augment import BatchMix
 from train.config import validate
-from train.data import build_sources
-from train.data.augment import BatchMix
-from train.data.config import drop_worker_knobs
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.loop import checkpoint
+from train.job import data_from_config
 from train.loop.model import build_model
 from train.loop.step import TrainStep
-from train.run.job import data_from_config
-from train.run.overrides import check_command_line
+from train.overrides import check_command_line
 from train.task import Classification
 
 CPU = torch.device("cpu")
@@ -239,7 +239,7 @@ def test_the_cli_prints_the_typo_line_and_exits_2(small_run_args):
         "error: data.num_wrkers: did you mean data.num_workers?"]
 
 
-# -- 4. the source interface (train/data/source.py) -----------------------------------------------------------
+# -- 4. the source interface (loadout/data/source.py) -----------------------------------------------------------
 class NoClasses(torch.utils.data.Dataset):
     def __init__(self, split: str = "train"):
         pass
@@ -273,9 +273,9 @@ def test_a_source_is_checked_once_at_build_time_in_one_line(tiny_dataset, source
 def test_every_source_goes_through_one_sample_path_packed_included(tiny_dataset, tmp_path):
     """The packed format crops whole batches, still inside Samples: the stuck-read note and the bad-sample guard hold
     for it (a batch whose read fails goes one by one, and the bad sample is skipped, named)."""
+    from loadout.data.datasets import ImageFolderDataset
+    from loadout.data.fast.packed import PackedDataset
     from scripts.pack_dataset import pack_split
-    from train.data.datasets import ImageFolderDataset
-    from train.data.fast.packed import PackedDataset
 
     for split in ("train", "val"):
         pack_split(ImageFolderDataset(tiny_dataset, split), tmp_path / split, 37)
@@ -306,7 +306,7 @@ def test_every_source_goes_through_one_sample_path_packed_included(tiny_dataset,
 def test_a_train_step_is_built_from_typed_parts_without_hydra():
     from functools import partial
 
-    from train.data.loader.batch import Batch
+    from loadout.data.loader.batch import Batch
     from train.loop.config import TrainerConfig
     from train.loop.schedule import warmup_cosine
 
@@ -330,9 +330,9 @@ def test_own_task_in_one_file_trains_from_outside_the_package(tmp_path, monkeypa
     """examples/counting: its task (a regression: MSE, val_mae, best by the lowest) and its source, named by the
     example's YAML on the search path, trained by the loop; its figures join the vocabulary and best.pt follows
     val_mae."""
+    from loadout.observe.metrics import EPOCH
+    from train.job import data_from_config
     from train.loop.engine import Trainer
-    from train.observe.metrics import EPOCH
-    from train.run.job import data_from_config
     from train.task import build_task
 
     monkeypatch.syspath_prepend(str(COUNTING))

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
+from loadout.observe.epoch_counts import EpochCounts
+from loadout.runtime import checkpoint
 from tests.conftest import compose_config, read_metrics
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.loop import checkpoint
+from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.observe.epoch_counts import EpochCounts
-from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from loadout.runtime import checkpoint
 from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import (
     RECORD_SAMPLES,
@@ -30,7 +31,6 @@ from tests.conftest import (
     training_at,
     wait_for,
 )
-from train.loop import checkpoint
 
 TRAIN = 240  # 10 classes x 24; 2 ranks x 120 = 12 batches of 10 each per epoch
 BATCHES_PER_EPOCH = 12

@@ -10,10 +10,10 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from loadout.data.loader.plan import num_workers_for
+from loadout.errors import ConfigError
 from tests.conftest import compose_config, run_cli
 from train.config import validate
-from train.data.loader.plan import num_workers_for
-from train.errors import ConfigError
 
 PROFILES = {
     "rtx3060": dict(batch_size=32, num_workers=3, pin_memory=True, prefetch_factor=2, persistent_workers=False),
@@ -133,7 +133,7 @@ def test_under_torchrun_a_profile_worker_count_is_capped_in_one_line(small_run_a
     ("trainer.compile_mode=fast", "takes one of default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
 ])
 def test_a_closed_choice_names_its_choices_in_one_line(override, line):
-    from train.run.overrides import check_command_line
+    from train.overrides import check_command_line
 
     with pytest.raises(ConfigError) as err:
         check_command_line([override])
@@ -143,8 +143,8 @@ def test_a_closed_choice_names_its_choices_in_one_line(override, line):
 def test_closed_choices_read_and_save_as_plain_text():
     """An Enum field equals its text, saves as it (an old run's config.yaml holds plain strings), reaches the
     trackers as its text and shows in a one-line error as typed."""
-    from train.errors import shown
-    from train.observe.trackers import flat_params
+    from loadout.errors import shown
+    from loadout.observe.trackers import flat_params
 
     cfg = compose_config(["data.on_bad_sample=raise", "trainer.compile_mode=reduce-overhead", "data.decode=device"])
     assert cfg.data.on_bad_sample == "raise" and cfg.data.decode == "device" and f"{cfg.data.decode}" == "device"
@@ -162,7 +162,7 @@ def test_closed_choices_read_and_save_as_plain_text():
     ("dataset.cache_bytes=-5", "dataset.cache_bytes=-5: use an integer >= 0"),
 ])
 def test_a_sharded_datasets_store_settings_fail_before_anything_is_read(override, line, tmp_path):
-    from train.data.remote.shards import ShardSource
+    from loadout.data.remote.shards import ShardSource
 
     cfg = compose_config(["dataset=shards", override])
     spec = {key: value for key, value in OmegaConf.to_container(cfg.dataset).items() if key != "_target_"}
@@ -181,8 +181,8 @@ def old_run_dir(root: Path, overrides: str, saved_dataset: str) -> Path:
 
 
 def test_the_store_settings_left_data_and_an_old_run_replays_them_under_dataset(tmp_path):
-    from train.run.overrides import check_command_line
-    from train.run.resume_run import replay
+    from loadout.run.resume_run import replay
+    from train.overrides import check_command_line
 
     for dataset in ("shards", "imagefolder"):  # a moved key is named whichever dataset is chosen
         with pytest.raises(ConfigError, match="^data.shard_cache_dir: did you mean dataset.cache_dir"):
@@ -197,10 +197,10 @@ def test_the_store_settings_left_data_and_an_old_run_replays_them_under_dataset(
                          "  _target_: x\n  root: ${data.root}\n")
     assert replay(["trainer.resume=auto"], folder) == ["trainer.resume=auto", "hydra.output_subdir=null"]
     mix = old_run_dir(tmp_path / "mix", "- dataset=mix\n- data.shard_cache_dir=/c\n"
-                      "- '+dataset.sources.web={_target_: train.data.datasets.ShardSource, weight: 1, "
+                      "- '+dataset.sources.web={_target_: loadout.data.datasets.ShardSource, weight: 1, "
                       "cache_dir: \"${data.shard_cache_dir}\"}'\n", "  _target_: x\n  shuffle_window: null\n")
     argv = replay(["trainer.resume=auto"], mix)
-    assert argv[:2] == ["dataset=mix", "+dataset.sources.web={_target_: train.data.datasets.ShardSource, weight: 1, "
+    assert argv[:2] == ["dataset=mix", "+dataset.sources.web={_target_: loadout.data.datasets.ShardSource, weight: 1, "
                         'cache_dir: "/old-cache"}']
     cfg = check_command_line([o for o in argv if not o.startswith("hydra.")])
     assert cfg.dataset.sources.web.cache_dir == "/old-cache"
@@ -209,8 +209,8 @@ def test_the_store_settings_left_data_and_an_old_run_replays_them_under_dataset(
 def test_a_sweep_with_a_value_outside_a_choice_fails_in_the_same_line():
     from hydra import initialize_config_dir
 
+    from loadout.run.cli_help import CONF
     from train.config import register
-    from train.run.cli_help import CONF
     from train.tune.config import check_sweep, register_tune
 
     register()

@@ -220,10 +220,10 @@ def test_hardware_fragments(hardware):
 @pytest.mark.parametrize("hardware", ["rtx3060", "rtx4080", "a100"])
 def test_fragment_shm_fits_the_profiles_loader(hardware):
     """The fixed profiles' own loaders fit their shm_size, by the start-up check's estimate
-    (train/data/loader/plan.py)."""
+    (loadout/data/loader/plan.py)."""
     import torch
 
-    from train.data.loader.plan import LoaderPlan
+    from loadout.data.loader.plan import LoaderPlan
 
     data = yaml.safe_load((ROOT / "conf" / "hardware" / f"{hardware}.yaml").read_text())["data"]
     plan = LoaderPlan(data["num_workers"], data["batch_size"], data["prefetch_factor"] or 2, True, data["image_size"],

@@ -11,13 +11,13 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from train.data.augment import Recipe
-from train.data.datasets import ImageFolderDataset
-from train.data.fast.decode import decode_crop, decode_image_file, decoded_size
-from train.data.geometry import BoxPlan
-from train.data.samples import Samples
-from train.data.seeds import sample_seeds
-from train.data.transforms import ResizedCropFirst
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.fast.decode import decode_crop, decode_image_file, decoded_size
+from loadout.data.geometry import BoxPlan
+from loadout.data.samples import Samples
+from loadout.data.seeds import sample_seeds
+from loadout.data.transforms import ResizedCropFirst
+from train.augment import Recipe
 
 
 class DataCfg:

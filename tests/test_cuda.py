@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.data.loader.batch import Batch
+from loadout.data.loader.prefetcher import DevicePrefetcher
+from loadout.dist import DistEnv
+from loadout.observe.memory import MemorySampler, gpu_utilization
+from loadout.observe.meter import EpochMeter
 from tests.conftest import compose_config
-from train.data.loader.batch import Batch
-from train.data.loader.prefetcher import DevicePrefetcher
-from train.dist import DistEnv
+from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.observe.memory import MemorySampler, gpu_utilization
-from train.observe.meter import EpochMeter
-from train.run.job import data_from_config
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here (make gpu-check on a GPU)")]

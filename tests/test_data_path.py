@@ -19,21 +19,21 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
+from loadout.data.datasets import Cifar10Dataset, ImageFolderDataset
+from loadout.data.fast.cache import SharedSampleCache
+from loadout.data.fast.packed import PackedDataset
+from loadout.data.loader.plan import LoaderPlan
+from loadout.data.loader.samplers import build_sampler
+from loadout.data.loader.stream import EpochBatchSampler, build_train_stream
+from loadout.data.loader.workers import init_worker
+from loadout.data.samples import Samples
+from loadout.data.seeds import loader_seed, sample_seed, sample_seeds
+from loadout.data.transforms import MEAN, STD, DirectCompose, fit_square
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
 from scripts.pack_dataset import pack_split
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
-from train.data.datasets import Cifar10Dataset, ImageFolderDataset
-from train.data.fast.cache import SharedSampleCache
-from train.data.fast.packed import PackedDataset
-from train.data.loader.plan import LoaderPlan
-from train.data.loader.samplers import build_sampler
-from train.data.loader.stream import EpochBatchSampler, build_train_stream
-from train.data.loader.workers import init_worker
-from train.data.samples import Samples
-from train.data.seeds import loader_seed, sample_seed, sample_seeds
-from train.data.transforms import MEAN, STD, DirectCompose, fit_square
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.run.job import data_from_config
+from train.job import data_from_config
 
 CPU = torch.device("cpu")
 

@@ -15,15 +15,15 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.fast.decode import dct_scale, decode_image_file, exif_orientation
+from loadout.data.fast.packed import PackedDataset
+from loadout.data.loader.batch import channels_innermost
+from loadout.data.transforms import fit_square
+from loadout.dist import DistEnv
 from scripts.make_dataset import make_synthetic_imagefolder, render_photo
 from tests.conftest import ROOT, compose_config
-from train.data.datasets import ImageFolderDataset
-from train.data.fast.decode import dct_scale, decode_image_file, exif_orientation
-from train.data.fast.packed import PackedDataset
-from train.data.loader.batch import channels_innermost
-from train.data.transforms import fit_square
-from train.dist import DistEnv
-from train.run.job import data_from_config
+from train.job import data_from_config
 
 CPU = torch.device("cpu")
 
@@ -118,7 +118,7 @@ def test_the_exif_orientation_is_read_from_the_header():
 
 
 def test_unreadable_bytes_raise_what_the_bad_sample_guard_catches():
-    from train.data.fast.decode import UNREADABLE
+    from loadout.data.fast.decode import UNREADABLE
 
     for data in (b"not an image", jpeg_bytes(Image.new("RGB", (32, 32)))[:200]):
         with pytest.raises(UNREADABLE):

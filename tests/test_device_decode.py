@@ -20,11 +20,8 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from scripts.make_dataset import make_synthetic_imagefolder
-from tests.conftest import ROOT, compose_config, read_metrics, run_cli, whole_and_resumed
-from train.config import validate
-from train.data.fast.decode import exif_orientation
-from train.data.fast.encoded import (
+from loadout.data.fast.decode import exif_orientation
+from loadout.data.fast.encoded import (
     FLIP,
     SLOT_CAP_BYTES,
     DeviceDecoder,
@@ -35,11 +32,14 @@ from train.data.fast.encoded import (
     resize_group,
     slot_bytes,
 )
-from train.data.geometry import BoxPlan
-from train.data.transforms import MEAN, STD
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.run.job import data_from_config
+from loadout.data.geometry import BoxPlan
+from loadout.data.transforms import MEAN, STD
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
+from scripts.make_dataset import make_synthetic_imagefolder
+from tests.conftest import ROOT, compose_config, read_metrics, run_cli, whole_and_resumed
+from train.config import validate
+from train.job import data_from_config
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -219,7 +219,7 @@ def test_out_of_memory_in_the_decoder_is_raised_not_decoded_on_the_host(batched,
     """torch.OutOfMemoryError is a RuntimeError: swallowed, a batched OOM became a decode per file on the host.
     torchcodec's stable ABI hands it back as a plain RuntimeError, which counts on a nearly full GPU (what the
     device's memory query says there, installed here from outside)."""
-    monkeypatch.setattr("train.data.fast.encoded.gpu_nearly_full", lambda: True)
+    monkeypatch.setattr("loadout.data.fast.encoded.gpu_nearly_full", lambda: True)
 
     def out_of_memory(files, device):
         if isinstance(files, list) and not batched:

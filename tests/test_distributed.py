@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.dist import DistEnv
+from loadout.runtime import checkpoint
 from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, free_port, read_metrics, training_at, wait_for
-from train.dist import DistEnv
-from train.loop import checkpoint
+from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.run.job import data_from_config
 
 TRAIN, VAL = 240, 79  # per rank 120 = 6 batches of 20; 79 val images split 40/39, no padding
 EPOCHS, STEPS_PER_EPOCH = 2, 6

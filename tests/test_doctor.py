@@ -1,4 +1,4 @@
-"""The loader explains itself (train/observe/doctor.py, train/data/loader/stages.py): each bottleneck, injected from
+"""The loader explains itself (loadout/observe/doctor.py, loadout/data/loader/stages.py): each bottleneck, injected from
 outside with real workers and real JPEG files, is named by the epoch's diagnosis, and its stage leads the stage
 shares."""
 
@@ -10,17 +10,17 @@ import time
 import pytest
 import torch
 
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.loader.stages import DECODE, READ, SPLIT_EVERY, StageClock
+from loadout.data.transforms import DirectCompose
+from loadout.dist import DistEnv
+from loadout.observe.doctor import STAGES
 from tests.conftest import compose_config, read_metrics
 from tests.tiny_net import TinyNet
-from train.data.augment import Recipe
-from train.data.datasets import ImageFolderDataset
-from train.data.loader.stages import DECODE, READ, SPLIT_EVERY, StageClock
-from train.data.transforms import DirectCompose
-from train.dist import DistEnv
+from train.augment import Recipe
+from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.observe.doctor import STAGES
-from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_thread_steps")  # the diagnoses compare the loader's pace to the step's
@@ -68,7 +68,7 @@ def run(tiny_dataset, tmp_path, caplog, *overrides: str) -> list[dict]:
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "data.num_workers=1", "trainer.epochs=1", "trainer.progress=false", "logger=[]",
                           "model._target_=tests.tiny_net.TinyNet", *overrides])
-    with caplog.at_level(logging.INFO, logger="train.observe.doctor"), data_from_config(cfg, DistEnv(), CPU) as data:
+    with caplog.at_level(logging.INFO, logger="loadout.observe.doctor"), data_from_config(cfg, DistEnv(), CPU) as data:
         trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU),
                                       tmp_path)
         trainer.fit()

@@ -1,4 +1,4 @@
-"""The doctor names a slow store (train/observe/doctor.py): shards served by nginx behind the real latency proxy
+"""The doctor names a slow store (loadout/observe/doctor.py): shards served by nginx behind the real latency proxy
 (tests/infra/latency_proxy.py), nothing fetched ahead, a real worker downloading each shard as it reaches it: the
 epoch is read/fetch-bound and the fix is to fetch shards further ahead."""
 
@@ -9,12 +9,12 @@ import logging
 import pytest
 import torch
 
+from loadout.dist import DistEnv
 from tests.conftest import compose_config, read_metrics
 from tests.test_shards import nginx_serving, start_proxy
-from train.dist import DistEnv
+from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 DELAY_MS = 200  # a store this far away: each shard's download waits at least this long
@@ -41,7 +41,7 @@ def test_a_far_store_with_nothing_fetched_ahead_is_named_read_bound_with_fetch_a
                           "data.batch_size=16", "data.num_workers=1", "dataset.prefetch_shards=0",
                           f"dataset.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1", "trainer.progress=false",
                           "logger=[]", "model._target_=tests.tiny_net.TinyNet"])
-    with caplog.at_level(logging.INFO, logger="train.observe.doctor"), data_from_config(cfg, DistEnv(), CPU) as data:
+    with caplog.at_level(logging.INFO, logger="loadout.observe.doctor"), data_from_config(cfg, DistEnv(), CPU) as data:
         trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU),
                                       tmp_path / "run")
         trainer.fit()

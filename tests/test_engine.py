@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.build import instantiate
+from loadout.dist import DistEnv, seed_everything
+from loadout.runtime.stop import Stopped, StopSignal
 from tests.conftest import compose_config, read_metrics
-from train.build import instantiate
-from train.dist import DistEnv, seed_everything
+from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.loop.stop import Stopped, StopSignal
-from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.runtime import checkpoint
 from tests.conftest import ROOT, run_cli, wait_for
-from train.loop import checkpoint
 
 CPU = torch.device("cpu")
 

@@ -36,9 +36,9 @@ def test_resumed_at_another_world_size_and_worker_count_each_sample_once(stores,
 
 
 @pytest.mark.parametrize(("module", "target", "extra"), [
-    ("h5py", "train.data.files.hdf5_source import hdf5_source as source", "hdf5"),
-    ("lmdb", "train.data.files.lmdb_source import LMDBSource as source", "lmdb"),
-    ("msgpack", "train.data.files.lmdb_source import LMDBSource as source", "lmdb")])
+    ("h5py", "loadout.data.files.hdf5_source import hdf5_source as source", "hdf5"),
+    ("lmdb", "loadout.data.files.lmdb_source import LMDBSource as source", "lmdb"),
+    ("msgpack", "loadout.data.files.lmdb_source import LMDBSource as source", "lmdb")])
 def test_without_its_library_the_run_names_the_extra(tmp_path, module, target, extra):
     code = f"import sys; sys.modules[{module!r}] = None\nfrom {target}\nsource({str(tmp_path)!r})"
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

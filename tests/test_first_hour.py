@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from loadout.run.cli_help import GROUPS, KEYS
+from loadout.run.run_dir import run_dir_name
+from loadout.run.run_lock import RunLock
+from loadout.run.run_record import profile_settings
 from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, read_metrics, run_cli, training_at, wait_for
-from train.run.cli_help import GROUPS, KEYS
-from train.run.run_dir import run_dir_name
-from train.run.run_lock import RunLock
-from train.run.run_record import profile_settings
 
 
 def tree(folder: Path) -> dict[str, tuple[int, int]]:
@@ -131,7 +131,7 @@ def test_a_missing_url_root_keeps_its_credentials_out_of_the_error(tmp_path):
 def test_torchrun_ranks_share_one_readable_run_dir_name():
     """Each rank resolves the name itself, at its own moment; --standalone's run id is a random UUID."""
     run_id = "3f2a9c1b-0d4e-4c5b-9a8f-1234567890ab"
-    code = "from train.run.run_dir import run_dir_name; print(run_dir_name())"
+    code = "from loadout.run.run_dir import run_dir_name; print(run_dir_name())"
     names = []
     for rank in range(2):  # two "ranks" of one agent (this process), a second apart
         time.sleep(1.1 * rank)

@@ -24,9 +24,9 @@ import pytest
 import torch
 import yaml
 
+from loadout.device import CudaFacts
 from tests.conftest import ROOT, read_metrics, run_cli, wait_for
 from tests.test_distributed import torchrun
-from train.device import CudaFacts
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_check  # noqa: E402

@@ -10,17 +10,17 @@ import logging
 import pytest
 import torch
 
+from loadout.device import CudaFacts, cuda_index, why_no_cuda
+from loadout.dist import DistEnv, group_timeout
+from loadout.errors import ConfigError
+from loadout.run import no_retry
+from loadout.runtime import checkpoint
 from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import RECORD_SAMPLES, assert_each_sample_once, compose_config, read_metrics, run_cli
 from tests.test_distributed import only_run_dir, torchrun
-from train.data.augment import BatchMix
-from train.device import CudaFacts, cuda_index, why_no_cuda
-from train.dist import DistEnv, group_timeout
-from train.errors import ConfigError
-from train.loop import checkpoint
+from train.augment import BatchMix
 from train.loop.model import build_model
 from train.loop.step import TrainStep
-from train.run import no_retry
 
 CPU = torch.device("cpu")
 OOM_CALLBACK = "+callbacks.oom._target_=tests.out_of_memory.OutOfMemoryAt"
@@ -138,7 +138,7 @@ def test_micro_batches_give_the_whole_batch_gradient(tiny_dataset):
         step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=1)
         step.optimizer.step = lambda *a, **k: None  # keep the gradients to compare: no update
         step.optimizer.zero_grad = lambda *a, **k: None
-        from train.data.loader.batch import Batch
+        from loadout.data.loader.batch import Batch
 
         torch.manual_seed(1)
         step(Batch(torch.randn(8, 3, 32, 32), torch.arange(8) % 10))

@@ -18,17 +18,17 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.fast.decode import decode_image_file
+from loadout.data.files.hdf5_source import HDF5Encoded, HDF5Pixels, hdf5_source
+from loadout.data.samples import Samples
+from loadout.data.voc import VOCSegmentation
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
 from tests.conftest import compose_config, read_metrics, run_cli
 from tests.test_segmentation_data import write_voc
 from tests.test_segmentation_stores import aligned_batches, check_aligned
-from train.data.datasets import ImageFolderDataset
-from train.data.fast.decode import decode_image_file
-from train.data.files.hdf5_source import HDF5Encoded, HDF5Pixels, hdf5_source
-from train.data.samples import Samples
-from train.data.voc import VOCSegmentation
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.run.job import data_from_config
+from train.job import data_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -197,7 +197,7 @@ def test_files_and_keys_that_do_not_fit_are_one_line(tiny_dataset, tmp_path):
 def test_mix_and_sample_cache_take_an_hdf5_source(tiny_dataset, tmp_path):
     write_encoded(tmp_path / "set.h5", tiny_dataset)
     cached = first_batches(["dataset=hdf5", "data.cache_bytes=8000000"], tmp_path / "set.h5")
-    mixed = first_batches(["dataset=mix", "dataset.sources.main._target_=train.data.files.hdf5_source.hdf5_source",
+    mixed = first_batches(["dataset=mix", "dataset.sources.main._target_=loadout.data.files.hdf5_source.hdf5_source",
                            f"dataset.sources.main.root={tmp_path / 'set.h5'}"], tiny_dataset)
     assert sum(len(b) for b in cached) == sum(len(b) for b in mixed) == 240
 

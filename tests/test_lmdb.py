@@ -21,12 +21,12 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.files.lmdb_layout import open_env
+from loadout.data.files.lmdb_source import LMDBSource
+from loadout.data.samples import Samples
+from loadout.errors import ConfigError
 from tests.test_hdf5 import first_batches
-from train.data.datasets import ImageFolderDataset
-from train.data.files.lmdb_layout import open_env
-from train.data.files.lmdb_source import LMDBSource
-from train.data.samples import Samples
-from train.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_the_converters_environments_read_as_the_folder(tiny_dataset, tmp_path):
     assert source.read_encoded(100) == folder.read_encoded(100)
     assert "set/train key b'" in source.paths[100]
     cached = first_batches(["dataset=lmdb", "data.cache_bytes=8000000"], tmp_path / "set")
-    mixed = first_batches(["dataset=mix", "dataset.sources.main._target_=train.data.files.lmdb_source.LMDBSource",
+    mixed = first_batches(["dataset=mix", "dataset.sources.main._target_=loadout.data.files.lmdb_source.LMDBSource",
                            f"dataset.sources.main.root={tmp_path / 'set'}"], tiny_dataset)
     assert sum(len(b) for b in cached) == sum(len(b) for b in mixed) == len(folder)
 

@@ -17,6 +17,14 @@ import numpy as np
 import pytest
 import torch
 
+from loadout.data import build_sources
+from loadout.data.loader.samplers import build_sampler
+from loadout.data.mix import MixReadError, MixSource
+from loadout.data.samples import Samples
+from loadout.data.source import check_first, sample_name
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
+from loadout.observe.metrics import EPOCH
 from tests.conftest import (
     RECORD_SAMPLES,
     ROOT,
@@ -28,15 +36,7 @@ from tests.conftest import (
     wait_for,
 )
 from tests.test_shards import s3 as s3_server  # noqa: F401  (moto's S3 server with the shards, as a fixture)
-from train.data import build_sources
-from train.data.loader.samplers import build_sampler
-from train.data.mix import MixReadError, MixSource
-from train.data.samples import Samples
-from train.data.source import check_first, sample_name
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.observe.metrics import EPOCH
-from train.run.job import data_from_config
+from train.job import data_from_config
 from train.task.classification import Classification
 
 PER_EPOCH, BATCH = 96, 16  # 3:1 of 96: 72 folder samples and 24 from the shards an epoch, 6 batches
@@ -44,8 +44,8 @@ RUN_EPOCH = 960  # a run's epoch: 720 folder samples (3 passes) and 240 from S3 
 
 
 def mix_of(folder: Path, shards: Path, cache: Path, samples_per_epoch: int = PER_EPOCH, **kwargs) -> MixSource:
-    sources = {"folder": {"_target_": "train.data.datasets.ImageFolderDataset", "root": str(folder), "weight": 3},
-               "shards": {"_target_": "train.data.remote.shards.ShardSource", "root": str(shards), "weight": 1,
+    sources = {"folder": {"_target_": "loadout.data.datasets.ImageFolderDataset", "root": str(folder), "weight": 3},
+               "shards": {"_target_": "loadout.data.remote.shards.ShardSource", "root": str(shards), "weight": 1,
                           "cache_dir": str(cache)}}
     return MixSource(sources, "train", seed=7, samples_per_epoch=samples_per_epoch, **kwargs)
 
@@ -99,14 +99,14 @@ def test_bad_config_fails_in_one_line_naming_the_key_before_any_worker_starts(ti
     assert "dataset.sources.other: needs a _target_" in one_line_error(
         [folder, "+dataset.sources.other={root: /x, weight: 1}"])
     unknown = one_line_error([folder, "+dataset.sources.main.rotate=90"])
-    assert unknown.startswith("dataset.sources.main._target_=train.data.datasets.ImageFolderDataset") and \
+    assert unknown.startswith("dataset.sources.main._target_=loadout.data.datasets.ImageFolderDataset") and \
         "rotate" in unknown
-    missing = one_line_error([folder, f"+dataset.sources.gone={{_target_: train.data.datasets.ImageFolderDataset, "
+    missing = one_line_error([folder, f"+dataset.sources.gone={{_target_: loadout.data.datasets.ImageFolderDataset, "
                                       f"root: {tmp_path / 'nowhere'}, weight: 1}}"])
     assert missing.startswith("dataset.sources.gone: ") and "nowhere" in missing
     assert one_line_error([folder, "dataset.samples_per_epoch=0"]).startswith("dataset.samples_per_epoch=0:")
     assert one_line_error([folder, "dataset.samples_per_epoch=1", "+dataset.sources.small={_target_: "
-                           f"train.data.datasets.ImageFolderDataset, root: {tiny_dataset}, weight: 1}}"]) \
+                           f"loadout.data.datasets.ImageFolderDataset, root: {tiny_dataset}, weight: 1}}"]) \
         .startswith("dataset.sources.")  # a weight too small to give its source any sample of the epoch
     assert one_line_error([folder, "data.cache_bytes=1000000"], data_from_config).startswith("data.cache_bytes=")
     assert one_line_error([folder, "data.sampler=weighted"], data_from_config).startswith("data.sampler=weighted:")
@@ -120,8 +120,8 @@ def test_an_unreadable_sample_names_its_source(tiny_dataset, tmp_path, caplog):
             shutil.copytree(tiny_dataset / split / name, broken / split / name)
     for path in (broken / "train" / first).iterdir():
         path.write_bytes(path.read_bytes()[:100])  # truncated JPEGs
-    sources = {"good": {"_target_": "train.data.datasets.ImageFolderDataset", "root": str(tiny_dataset), "weight": 1},
-               "broken": {"_target_": "train.data.datasets.ImageFolderDataset", "root": str(broken), "weight": 1}}
+    sources = {"good": {"_target_": "loadout.data.datasets.ImageFolderDataset", "root": str(tiny_dataset), "weight": 1},
+               "broken": {"_target_": "loadout.data.datasets.ImageFolderDataset", "root": str(broken), "weight": 1}}
     mix = MixSource(sources, "train", seed=1, samples_per_epoch=64)
     which, sample = mix.plan(0)
     from_broken = np.flatnonzero(which == 1)
@@ -145,9 +145,9 @@ def run_args(folder: Path, run_dir: Path, cache: Path, *extra: str) -> list[str]
             "data.num_workers=2", "trainer.epochs=2", "trainer.deterministic=true", RECORD_SAMPLES,
             "trainer.progress=false", "model._target_=tests.tiny_net.TinyNet", "logger=[]",
             f"dataset.samples_per_epoch={RUN_EPOCH}", "~dataset.sources.main",
-            "+dataset.sources.folder={_target_: train.data.datasets.ImageFolderDataset, root: '${data.root}', "
+            "+dataset.sources.folder={_target_: loadout.data.datasets.ImageFolderDataset, root: '${data.root}', "
             "weight: 3}",
-            "+dataset.sources.s3={_target_: train.data.remote.shards.ShardSource, root: 's3://loadout/shards', "
+            "+dataset.sources.s3={_target_: loadout.data.remote.shards.ShardSource, root: 's3://loadout/shards', "
             "weight: 1, "
             f"cache_dir: '{cache}', timeout: '${{data.timeout}}'}}",
             f"hydra.run.dir={run_dir}", *extra]

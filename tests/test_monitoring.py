@@ -24,17 +24,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, TensorDataset
 
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
+from loadout.observe.memory import MemorySampler
+from loadout.observe.meter import EpochMeter
+from loadout.observe.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY
+from loadout.observe.monitoring import Monitor, PrometheusSink
+from loadout.observe.trackers import Trackers
+from loadout.observe.trackers.tensorboard_events import TensorBoardTracker
 from tests.conftest import ROOT, compose_config, run_cli
 from tests.test_distributed import finish_or_show_stacks
 from train.config import validate
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.observe.memory import MemorySampler
-from train.observe.meter import EpochMeter
-from train.observe.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY
-from train.observe.monitoring import Monitor, PrometheusSink
-from train.observe.trackers import Trackers
-from train.observe.trackers.tensorboard_events import TensorBoardTracker
 
 MONITORING = ROOT / "monitoring"
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "loadout.json"
@@ -176,7 +176,7 @@ def test_dashboard_and_prometheus_config_parse_and_name_served_metrics(tmp_path)
         served |= {"loadout_gpu_memory_allocated_bytes", "loadout_gpu_memory_peak_bytes"}  # CUDA only
     finally:
         sink.close()
-    # ... and every name it serves comes from train/observe/metrics.py's vocabulary (a counter adds _total, _created).
+    # ... and every name it serves comes from loadout/observe/metrics.py's vocabulary (a counter adds _total, _created).
     named = {m.prometheus for table in (WINDOW, TOTALS, EPOCH, MEMORY, WORKER_MEMORY) for m in table.values()}
     assert {re.sub(r"_(total|created)$", "", name) for name in served if name.startswith("loadout_")} <= named
     asked = set(re.findall(r"loadout_[a-z_]+", exprs))

@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from loadout.runtime import checkpoint
 from scripts.make_dataset import make_synthetic_imagefolder
 from tests.conftest import RECORD_SAMPLES, ROOT, assert_each_sample_once, read_metrics, wait_for
-from train.loop import checkpoint
 
 TRAIN = 240  # 2 nodes x 120 = 12 batches of 10 each per epoch
 A, B = "10.123.7.1", "10.123.7.2"

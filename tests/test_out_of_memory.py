@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loadout.data.loader.batch import Batch
+from loadout.dist import DistEnv
+from loadout.runtime import checkpoint
+from loadout.runtime.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory, said_in_one_line
 from tests.conftest import compose_config, run_cli
 from tests.tiny_net import CUDNN_ALLOC_FAILED
-from train.data.loader.batch import Batch
-from train.dist import DistEnv
-from train.loop import checkpoint
-from train.loop.micro_batch import MicroBatch, OutOfMemory, is_out_of_memory, said_in_one_line
 from train.loop.model import build_model
 from train.loop.step import TrainStep
 
@@ -37,7 +37,7 @@ def test_a_cuda_librarys_failed_allocation_counts_as_out_of_memory(err, counts):
 
 
 def test_no_engine_counts_as_out_of_memory_only_on_a_nearly_full_gpu(monkeypatch):
-    monkeypatch.setattr("train.loop.micro_batch.gpu_nearly_full", lambda: True)  # what a full GPU's query gives
+    monkeypatch.setattr("loadout.runtime.micro_batch.gpu_nearly_full", lambda: True)  # what a full GPU's query gives
     assert is_out_of_memory(RuntimeError("GET was unable to find an engine to execute this computation"))
 
 

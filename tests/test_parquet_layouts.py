@@ -21,13 +21,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.remote.parquet import ParquetSource
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
 from tests.conftest import compose_config, read_metrics, run_cli
 from tests.test_shards import nginx_serving
-from train.data.datasets import ImageFolderDataset
-from train.data.remote.parquet import ParquetSource
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.run.job import data_from_config
+from train.job import data_from_config
 
 CPU = torch.device("cpu")
 IMAGE_STRUCT = pa.struct({"bytes": pa.binary(), "path": pa.string()})

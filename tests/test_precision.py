@@ -13,18 +13,18 @@ import pytest
 import torch
 from torch import nn
 
+from loadout.data.loader.batch import Batch
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
+from loadout.runtime.precision import RunPrecision, cpu_flags, native_bf16, resolve
+from loadout.tune.cpu_precision import choose, measure, measured
 from tests.conftest import compose_config, read_metrics, run_cli
 from train.config import validate
-from train.data.loader.batch import Batch
-from train.dist import DistEnv
-from train.errors import ConfigError
+from train.job import data_from_config
 from train.loop.config import Precision
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.loop.precision import RunPrecision, cpu_flags, native_bf16, resolve
 from train.loop.step import TrainStep
-from train.run.job import data_from_config
-from train.tune.cpu_precision import choose, measure, measured
 from train.tune.measure import PRECISION_FILE, settle_once
 
 CPU = torch.device("cpu")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.runtime import checkpoint
 from tests.conftest import RECORD_SAMPLES, ROOT, epoch_samples, read_metrics, run_cli, training_at, wait_for
-from train.loop import checkpoint
 
 STEPS_PER_EPOCH = 15  # tiny_dataset: 240 training images / batch 16
 

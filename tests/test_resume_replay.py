@@ -1,4 +1,4 @@
-"""What a resume replays from its run dir (train/run/resume_run.py), driven through the real CLI: a URL whose
+"""What a resume replays from its run dir (loadout/run/resume_run.py), driven through the real CLI: a URL whose
 credentials were masked in `.hydra/` is asked for again, never replayed as `***`; the frozen keys are compared as the
 run resolved them; a damaged `.hydra/resumes.yaml` is one line, and it is rewritten whole, never appended in place."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_cli
-from train.errors import ConfigError
-from train.run.resume_run import RESUMES, record, replay, saved_overrides
+from loadout.errors import ConfigError
+from loadout.run.resume_run import RESUMES, record, replay, saved_overrides
+from tests.conftest import read_metrics, run_cli
 
 SECRET_URL = "https://user:secret@127.0.0.1:1/data"
 
@@ -118,3 +118,22 @@ def test_a_run_from_before_the_task_group_resumes(run_dir):
     result = run_cli(["trainer.resume=auto", f"hydra.run.dir={run_dir}", "data.root=/no/such/dataset"])
     assert result.returncode == 2
     assert result.stderr.startswith("error: data.root='/no/such/dataset' does not exist"), result.stderr
+
+
+@pytest.mark.slow
+def test_a_run_from_before_the_library_moved_resumes(small_run_args, tmp_path):
+    """A run dir written while the loader lived in train/: its saved config and overrides name `train.data.*`
+    targets (a `_target_` given on its command line among them). It resumes and trains on from its checkpoint."""
+    run_dir = tmp_path / "run"
+    target = "dataset._target_=loadout.data.datasets.ImageFolderDataset"
+    first = run_cli([*small_run_args, "trainer.epochs=1", target])
+    assert first.returncode == 0, first.stderr[-3000:]
+    for name in ("config.yaml", "overrides.yaml"):
+        path = run_dir / ".hydra" / name
+        old = (path.read_text().replace("loadout.data.", "train.data.").replace("loadout.observe.", "train.observe.")
+               .replace("train.augment.", "train.data.augment."))
+        assert "train.data.datasets.ImageFolderDataset" in old and "loadout." not in old
+        path.write_text(old)
+    result = run_cli([*small_run_args, "trainer.epochs=2", "trainer.resume=auto"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [row["epoch"] for row in read_metrics(run_dir)] == [1, 2]

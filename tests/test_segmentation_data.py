@@ -21,13 +21,13 @@ from torchvision.io import encode_png
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from train.data.loader.plan import LoaderPlan
-from train.data.loader.ring import build_collate
-from train.data.masks import decode_mask, resize_exact
-from train.data.samples import Samples
-from train.data.seg_augment import RandomResizedCrop, Resize, ScaledCrop, SegmentationRecipe, joint
-from train.data.voc import VOC_CLASSES, VOCSegmentation
-from train.errors import ConfigError
+from loadout.data.loader.plan import LoaderPlan
+from loadout.data.loader.ring import build_collate
+from loadout.data.masks import decode_mask, resize_exact
+from loadout.data.samples import Samples
+from loadout.data.seg_augment import RandomResizedCrop, Resize, ScaledCrop, SegmentationRecipe, joint
+from loadout.data.voc import VOC_CLASSES, VOCSegmentation
+from loadout.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 COLOURS = np.array([(0, 0, 0), (230, 20, 20), (20, 230, 20), (20, 20, 230)], dtype=np.uint8)  # class -> colour
@@ -268,7 +268,7 @@ def test_unfiltered_masks_never_reach_libpng_and_odd_files_are_read_as_libpng_re
     def libpng(*args):
         raise AssertionError("an unfiltered mask reached libpng")
 
-    monkeypatch.setattr("train.data.masks.decode_image", libpng)
+    monkeypatch.setattr("loadout.data.masks.decode_image", libpng)
     for each in (data, split, cut):
         assert decode_mask(each).tolist() == indices.tolist()
     monkeypatch.undo()

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.data import build_sources
+from loadout.data.mix import MixSource
+from loadout.data.samples import Samples
+from loadout.data.seg_augment import SegmentationRecipe, joint
+from loadout.errors import ConfigError
 from scripts import make_shards
 from scripts.make_dataset import make_synthetic_voc
 from tests.conftest import compose_config, read_metrics, run_cli
 from tests.test_segmentation_data import DataCfg, loader
-from train.data import build_sources
-from train.data.mix import MixSource
-from train.data.samples import Samples
-from train.data.seg_augment import SegmentationRecipe, joint
-from train.errors import ConfigError
 from train.task.classification import Classification
 from train.task.segmentation import Segmentation
 
@@ -44,8 +44,8 @@ def voc_shards(voc, tmp_path_factory) -> Path:
 
 
 def sources(voc: Path, shards: Path, cache: Path, **extra) -> dict:
-    return {"folder": {"_target_": "train.data.voc.VOCSegmentation", "root": str(voc), "weight": 3},
-            "shards": {"_target_": "train.data.remote.shards.ShardSource", "root": str(shards), "weight": 1,
+    return {"folder": {"_target_": "loadout.data.voc.VOCSegmentation", "root": str(voc), "weight": 3},
+            "shards": {"_target_": "loadout.data.remote.shards.ShardSource", "root": str(shards), "weight": 1,
                        "cache_dir": str(cache)}, **extra}
 
 
@@ -86,13 +86,13 @@ def one_line_error(cfg_sources: dict, tmp_path: Path, task=None) -> str:
 def test_a_source_without_masks_other_classes_or_its_own_transform_are_named_in_one_line(
         voc, voc_shards, tiny_dataset, tmp_path):
     cache = tmp_path / "cache"
-    folder = {"_target_": "train.data.datasets.ImageFolderDataset", "root": str(tiny_dataset), "weight": 1}
+    folder = {"_target_": "loadout.data.datasets.ImageFolderDataset", "root": str(tiny_dataset), "weight": 1}
     message = one_line_error(sources(voc, voc_shards, cache, photos=folder), tmp_path)
     assert message.startswith("dataset.sources.photos: ") and "not a mask" in message and "dataset=voc" in message
 
     other = make_synthetic_voc(tmp_path / "other", train=1, val=1, size=48)
     (other / "classes.txt").write_text("background\nshape\n")
-    other_voc = {"_target_": "train.data.voc.VOCSegmentation", "root": str(other), "weight": 1}
+    other_voc = {"_target_": "loadout.data.voc.VOCSegmentation", "root": str(other), "weight": 1}
     message = one_line_error(sources(voc, voc_shards, cache, other=other_voc), tmp_path)
     assert message.startswith("dataset.sources.other: its classes [background, shape] (2)") and \
         "same classes in the same order" in message
@@ -111,7 +111,7 @@ def test_mask_sources_with_the_same_classes_in_another_order_fail_at_build_for_b
     swapped = make_synthetic_voc(tmp_path / "swapped", train=1, val=1, size=48)
     (swapped / "classes.txt").write_text("background\nsquare\ncircle\ntriangle\ncross\n")
     cfg_sources = sources(voc, voc_shards, tmp_path / "cache", swapped={
-        "_target_": "train.data.voc.VOCSegmentation", "root": str(swapped), "weight": 1})
+        "_target_": "loadout.data.voc.VOCSegmentation", "root": str(swapped), "weight": 1})
     message = one_line_error(cfg_sources, tmp_path)
     assert message.startswith("dataset.sources.swapped: its classes [background, square, circle, triangle, cross] "
                               "(5) are not dataset.sources.folder's [background, circle, square,"), message
@@ -126,7 +126,7 @@ def test_a_truncated_first_jpeg_is_skipped_at_build_and_a_source_with_none_reada
     broken = make_synthetic_voc(tmp_path / "broken", train=3, val=1, size=48)
     first = broken / "JPEGImages" / "train_00000.jpg"
     first.write_bytes(first.read_bytes()[:100])  # a truncated JPEG at the source's position 0
-    entry = {"_target_": "train.data.voc.VOCSegmentation", "root": str(broken), "weight": 1}
+    entry = {"_target_": "loadout.data.voc.VOCSegmentation", "root": str(broken), "weight": 1}
     train, _ = built(sources(voc, voc_shards, tmp_path / "cache", broken=entry), tmp_path)
     assert train.names == ("folder", "shards", "broken")
     with pytest.raises(OSError):
@@ -153,8 +153,8 @@ def test_python_m_train_trains_a_mix_of_mask_sources_and_counts_each(voc, voc_sh
                       f"data.batch_size={BATCH}", "data.num_workers=2", "trainer.epochs=1", "trainer.progress=false",
                       "model._target_=tests.test_segmentation_faults.TinySegNet", "~model.name", "logger=[]",
                       f"dataset.samples_per_epoch={PER_EPOCH}", "dataset.sources.main.weight=3",
-                      "dataset.sources.main._target_=train.data.voc.VOCSegmentation",
-                      "+dataset.sources.shards={_target_: train.data.remote.shards.ShardSource, "
+                      "dataset.sources.main._target_=loadout.data.voc.VOCSegmentation",
+                      "+dataset.sources.shards={_target_: loadout.data.remote.shards.ShardSource, "
                       f"root: '{voc_shards}', cache_dir: '{tmp_path / 'cache'}', weight: 1}}",
                       f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]

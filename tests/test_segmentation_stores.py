@@ -21,15 +21,15 @@ import pytest
 import torch
 from PIL import Image
 
+from loadout.data.fast.packed import PackedDataset
+from loadout.data.remote.parquet import ParquetSource
+from loadout.data.remote.shards import ShardSource
+from loadout.data.samples import Samples
+from loadout.data.seg_augment import SegmentationRecipe
+from loadout.errors import ConfigError
 from tests.conftest import read_metrics, run_cli
 from tests.test_segmentation_data import DataCfg, agreement, loader, write_voc
 from tests.test_shards import nginx_serving
-from train.data.fast.packed import PackedDataset
-from train.data.remote.parquet import ParquetSource
-from train.data.remote.shards import ShardSource
-from train.data.samples import Samples
-from train.data.seg_augment import SegmentationRecipe
-from train.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = ["background", "red", "green", "blue"]  # write_voc's COLOURS

@@ -11,11 +11,11 @@ import logging
 import numpy as np
 import pytest
 
-from train.data.datasets import ImageFolderDataset
-from train.data.loader.samplers import ShardWindowSampler
-from train.data.remote.shard_order import DEFAULT_WINDOW, MOST_SAMPLES, shard_window, spread_of_labels
-from train.data.remote.shards import ShardSource
-from train.errors import ConfigError
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.loader.samplers import ShardWindowSampler
+from loadout.data.remote.shard_order import DEFAULT_WINDOW, MOST_SAMPLES, shard_window, spread_of_labels
+from loadout.data.remote.shards import ShardSource
+from loadout.errors import ConfigError
 
 BATCH = 16
 
@@ -71,14 +71,14 @@ def test_class_sorted_shardwriter_shards_mix_labels_like_a_full_shuffle_at_the_d
 
 def test_a_window_that_cannot_mix_sorted_shards_is_said_in_one_line(sorted_shards, tmp_path, caplog):
     source = ShardSource(str(sorted_shards), "train", cache_dir=str(tmp_path / "cache"))
-    with caplog.at_level(logging.INFO, logger="train.data.remote.shard_order"):
+    with caplog.at_level(logging.INFO, logger="loadout.data.remote.shard_order"):
         assert shard_window(source.shard_starts, 4, source.label_spread) == 4  # set: kept, and said
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "\n" not in warnings[0]
     assert "dataset.shuffle_window: the shards are sorted by label" in warnings[0]
     assert "set dataset.shuffle_window=null" in warnings[0] and "make_shards.py" in warnings[0]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="train.data.remote.shard_order"):
+    with caplog.at_level(logging.INFO, logger="loadout.data.remote.shard_order"):
         shard_window(source.shard_starts, None, source.label_spread)  # the default mixes them: nothing to warn of
         shard_window(source.shard_starts, 4, source.label_spread, announce=False)  # ranks > 0 say nothing
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -136,7 +136,7 @@ def test_the_sized_window_is_bounded_and_says_so_when_sorted_shards_need_more(ca
     MOST_SAMPLES and the one-line warning names the window that would mix it."""
     labels, starts = layout(1000, 1300, 1000, shuffled=False)
     spread = spread_of_labels(shard_labels(labels, starts), 1000)
-    with caplog.at_level(logging.INFO, logger="train.data.remote.shard_order"):
+    with caplog.at_level(logging.INFO, logger="loadout.data.remote.shard_order"):
         window = shard_window(starts, None, lambda: spread)
     assert window == MOST_SAMPLES // 1000
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -178,9 +178,9 @@ def test_the_training_batches_over_sorted_shards_mix_labels_at_the_default_setti
     decoding) hold as many labels as a full shuffle's, where the old window of 4 shards held a few."""
     import torch
 
+    from loadout.dist import DistEnv
     from tests.conftest import compose_config
-    from train.dist import DistEnv
-    from train.run.job import data_from_config
+    from train.job import data_from_config
 
     cfg = compose_config(["hardware=cpu", "dataset=shards", f"data.root={sorted_shards}", "data.image_size=32",
                           f"data.batch_size={BATCH}", "data.num_workers=2", "trainer.epochs=1",

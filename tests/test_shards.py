@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import torch
 
+from loadout.data.datasets import ImageFolderDataset
+from loadout.data.loader.samplers import ShardWindowSampler
+from loadout.data.remote.shard_store import ShardError, ShardStore
+from loadout.data.remote.shards import ShardSource
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli, wait_for, whole_and_resumed
-from train.data.datasets import ImageFolderDataset
-from train.data.loader.samplers import ShardWindowSampler
-from train.data.remote.shard_store import ShardError, ShardStore
-from train.data.remote.shards import ShardSource
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.run.job import data_from_config
+from train.job import data_from_config
 
 CPU = torch.device("cpu")
 SECRET = "not-a-real-secret-8f3c"  # the S3 secret key the tests use: it must never show in a message
@@ -64,7 +64,7 @@ def test_make_shards_lists_each_shards_labels_so_the_order_keeps_a_small_window(
     DEFAULT_WINDOW shards (reads mostly in sequence) and no shard is read at build to tell."""
     import json
 
-    from train.data.remote.shard_order import DEFAULT_WINDOW, shard_window
+    from loadout.data.remote.shard_order import DEFAULT_WINDOW, shard_window
 
     train = json.loads((shards / "_info.json").read_text())["splits"]["train"]
     assert len(train["labels_per_shard"]) == len(train["filenames"]) > DEFAULT_WINDOW
@@ -99,7 +99,7 @@ def test_the_index_built_as_bytes_arrive_is_tarfiles_in_any_chunking_and_cut_any
     import io
     import json
 
-    from train.data.remote.tar_index import TarIndexer, index_file
+    from loadout.data.remote.tar_index import TarIndexer, index_file
 
     path = tmp_path / "shard.tar"
     with tarfile.open(path, "w", format=tar_format) as tar:
@@ -169,7 +169,7 @@ def test_fetch_ahead_keeps_the_order_fetches_what_it_reaches_next_and_ends_its_t
 
     from torch.utils.data import SequentialSampler
 
-    from train.data.remote.fetch_ahead import FetchAhead
+    from loadout.data.remote.fetch_ahead import FetchAhead
 
     def fetch_ahead_threads() -> int:
         return sum(thread.name == "loadout-fetch-ahead" for thread in threading.enumerate())
@@ -195,7 +195,7 @@ def test_fetch_ahead_has_several_downloads_in_flight_at_once():
 
     from torch.utils.data import SequentialSampler
 
-    from train.data.remote.fetch_ahead import FETCHES_AT_ONCE, FetchAhead
+    from loadout.data.remote.fetch_ahead import FETCHES_AT_ONCE, FetchAhead
 
     release, lock, in_flight, most = threading.Event(), threading.Lock(), [0], [0]
 
@@ -490,7 +490,7 @@ def write_hub_parquet(folder: Path, out: Path) -> Path:
 
 
 def test_a_hub_parquet_dataset_reads_by_row_group_and_trains(tiny_dataset, tmp_path):
-    from train.data.remote.parquet import ParquetSource
+    from loadout.data.remote.parquet import ParquetSource
 
     root = write_hub_parquet(tiny_dataset, tmp_path / "hub")
     source = ParquetSource(str(root), "train", cache_dir=str(tmp_path / "cache"))
@@ -510,7 +510,7 @@ def test_a_hub_parquet_dataset_reads_by_row_group_and_trains(tiny_dataset, tmp_p
 def test_a_hub_parquet_dataset_from_the_s3_server(tiny_dataset, s3_env, tmp_path):
     import boto3
 
-    from train.data.remote.parquet import ParquetSource
+    from loadout.data.remote.parquet import ParquetSource
 
     root = write_hub_parquet(tiny_dataset, tmp_path / "hub")
     client = boto3.client("s3")

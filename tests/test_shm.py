@@ -9,9 +9,9 @@ import warnings
 
 import pytest
 
-from train.data.loader import shm
-from train.data.loader.plan import loader_shm_bytes
-from train.data.loader.shm import check_shm, warn_if_shm_too_small
+from loadout.data.loader import shm
+from loadout.data.loader.plan import loader_shm_bytes
+from loadout.data.loader.shm import check_shm, warn_if_shm_too_small
 
 
 def test_estimate_counts_every_batch_in_flight():
@@ -47,7 +47,7 @@ def test_warn_logs_and_warns(tmp_path, caplog):
     free = shutil.disk_usage(tmp_path).free
     with caplog.at_level(logging.WARNING, logger=shm.__name__), pytest.warns(RuntimeWarning, match="shm"):
         assert warn_if_shm_too_small(free + (1 << 30), path=str(tmp_path)) is True
-    assert any("Bus error" in r.getMessage() and r.name == "train.data.loader.shm" for r in caplog.records)
+    assert any("Bus error" in r.getMessage() and r.name == "loadout.data.loader.shm" for r in caplog.records)
 
 
 def test_warn_silent_for_small_loader_and_for_zero_workers(tmp_path, caplog):

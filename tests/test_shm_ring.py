@@ -1,5 +1,5 @@
-"""The shared-memory batch ring (train/data/loader/ring.py): the same batches as the plain collate, never aliased, and a
-slot is never rewritten before its batch was received, whatever DataLoader does."""
+"""The shared-memory batch ring (loadout/data/loader/ring.py): the same batches as the plain collate, never aliased, and
+a slot is never rewritten before its batch was received, whatever DataLoader does."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from torch.utils.data import Dataset, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.transforms import v2
 
-from train.data.fast.encoded import EncodedSample, slot_bytes
-from train.data.loader.batch import Batch, collate
-from train.data.loader.plan import RING_SPARE_SLOTS, LoaderPlan
-from train.data.loader.ring import ShmRing, build_collate
-from train.data.loader.stateful import shutdown_workers
-from train.data.loader.stream import EpochBatchSampler
-from train.data.samples import BadSampleError, Samples
-from train.data.seg_augment import JointCompose
+from loadout.data.fast.encoded import EncodedSample, slot_bytes
+from loadout.data.loader.batch import Batch, collate
+from loadout.data.loader.plan import RING_SPARE_SLOTS, LoaderPlan
+from loadout.data.loader.ring import ShmRing, build_collate
+from loadout.data.loader.stateful import shutdown_workers
+from loadout.data.loader.stream import EpochBatchSampler
+from loadout.data.samples import BadSampleError, Samples
+from loadout.data.seg_augment import JointCompose
 from train.task.classification import Classification
 from train.task.segmentation import Segmentation
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.build import instantiate
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
-from train.build import instantiate
 
 STEPS_PER_EPOCH = 15  # tiny_dataset: 240 training images / batch 16
 MAX_STEPS = 3

@@ -1,4 +1,4 @@
-"""torchdata's StatefulDataLoader behind train/data/loader/stateful.py: the two private hooks loadout relies on behave
+"""torchdata's StatefulDataLoader behind loadout/data/loader/stateful.py: the two private hooks loadout relies on behave
 as it expects. torchdata is in maintenance; the day a release changes either, these fail loudly (and pyproject.toml's
 upper bound keeps such a release out until then)."""
 
@@ -10,7 +10,7 @@ import psutil
 import torch
 from torch.utils.data import Dataset
 
-from train.data.loader.stateful import forget_loaded_state, shutdown_workers, stateful_loader
+from loadout.data.loader.stateful import forget_loaded_state, shutdown_workers, stateful_loader
 
 
 class Numbers(Dataset):

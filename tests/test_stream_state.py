@@ -16,13 +16,13 @@ import torch
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from loadout.data.loader.stream import EpochBatchSampler
+from loadout.dist import DistEnv
+from loadout.runtime import checkpoint
 from tests.conftest import compose_config
-from train.data.loader.stream import EpochBatchSampler
-from train.dist import DistEnv
-from train.loop import checkpoint
+from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 
@@ -101,7 +101,7 @@ def test_loader_state_for_another_worker_count_resumes_by_position_said_in_one_l
             break
     state = first.state_dict()
     first.close()
-    caplog.set_level(logging.INFO, logger="train.data.loader.stream")
+    caplog.set_level(logging.INFO, logger="loadout.data.loader.stream")
     resumed = pipeline(tiny_dataset, 0).train
     resumed.load_state_dict(state)  # a 2-worker state into 0 workers
     assert "loader state is for 2 workers, this loader has 0" in caplog.text

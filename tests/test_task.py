@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 import torch
 
+from loadout.data.loader.batch import Batch
+from loadout.data.masks import decode_mask
+from loadout.data.source import check_sources
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
+from loadout.observe.metrics import EPOCH, epoch_line
 from scripts.make_dataset import make_synthetic_voc
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
-from train.data.loader.batch import Batch
-from train.data.masks import decode_mask
-from train.data.source import check_sources
-from train.dist import DistEnv
-from train.errors import ConfigError
 from train.loop.evaluate import Evaluation
 from train.loop.progress import Progress
 from train.loop.step import TrainStep
-from train.observe.metrics import EPOCH, epoch_line
 from train.task import Classification, build_task
 from train.task.segmentation import Segmentation, scores
 
@@ -159,7 +159,7 @@ def test_an_old_checkpoints_best_val_acc_becomes_the_best():
 
 
 def test_the_old_label_smoothing_key_names_the_new_one():
-    from train.run.overrides import check_command_line
+    from train.overrides import check_command_line
 
     with pytest.raises(ConfigError, match=r"^trainer.label_smoothing: .*task.label_smoothing"):
         check_command_line(["trainer.label_smoothing=0.1"])
@@ -297,7 +297,7 @@ if __name__ == "__main__":
 def test_a_non_mask_target_is_passed_as_the_source_gave_it():
     """Integer labels (int, numpy int, a 0-d tensor) become ints the collate stacks to int64; a float target to
     regress keeps its value; only a 2-D uint8 tensor is a mask."""
-    from train.data.samples import label_of
+    from loadout.data.samples import label_of
 
     assert label_of(torch.tensor(3)) == 3 and isinstance(label_of(torch.tensor(3)), int)
     assert label_of(np.int64(2)) == 2 and isinstance(label_of(np.int64(2)), int)

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.data.loader.batch import Batch
+from loadout.dist import DistEnv
 from tests.conftest import RECORD_SAMPLES, ROOT, free_port, read_metrics, run_cli, training_at, wait_for
-from train.data.loader.batch import Batch
-from train.dist import DistEnv
 from train.loop.config import TrainerConfig
 from train.loop.schedule import warmup_cosine
 from train.loop.step import TrainStep
@@ -99,7 +99,7 @@ def test_mlflow_keeps_one_run_through_a_sigterm_and_its_resume(mlflow_server, ti
     assert stopped.info.status == "KILLED"
     params = stopped.data.params
     assert params["data.batch_size"] == "16" and params["trainer.epochs"] == "2"
-    assert params["logger.mlflow._target_"] == "train.observe.trackers.mlflow_run.MLflowTracker"
+    assert params["logger.mlflow._target_"] == "loadout.observe.trackers.mlflow_run.MLflowTracker"
     assert steps_of(mlflow_server, stopped.info.run_id, "epoch/val_acc") == [STEPS_PER_EPOCH]
 
     resumed = run_cli([*cmd, "trainer.resume=auto"], cwd=tmp_path, env={"MLFLOW_TRACKING_URI": mlflow_server})
@@ -123,7 +123,7 @@ def test_an_mlflow_server_that_dies_mid_run_costs_its_figures_not_the_run(tiny_d
     """The tracking server is killed in epoch 2 of 3, where MLflow's client retries each request for minutes: the
     run trains on at its pace, finishes (every figure in metrics.jsonl) and exits after CLOSE_S at most, saying the
     trackers' last calls did not arrive."""
-    from train.observe.trackers.delivery import CLOSE_S
+    from loadout.observe.trackers.delivery import CLOSE_S
 
     run_dir = tmp_path / "run"
     with serving_mlflow(tmp_path) as (url, server):
@@ -169,7 +169,7 @@ def wandb_records(path: Path):
 def test_a_tracker_that_fails_is_warned_about_once_and_used_again_when_it_answers(caplog):
     """A tracker of the user's own whose server goes away for two windows and comes back: the training thread never
     sees its error, one warning says so, and the figures after its return arrive, in order, by finish."""
-    from train.observe.trackers import FINISHED, Tracker, Trackers
+    from loadout.observe.trackers import FINISHED, Tracker, Trackers
 
     class Flaky(Tracker):
         def __init__(self):
@@ -185,7 +185,7 @@ def test_a_tracker_that_fails_is_warned_about_once_and_used_again_when_it_answer
 
     flaky = Flaky()
     trackers = Trackers({"flaky": flaky})
-    with caplog.at_level("INFO", logger="train.observe.trackers.delivery"):
+    with caplog.at_level("INFO", logger="loadout.observe.trackers.delivery"):
         trackers.log_window(1, {"train/loss": 2.0})
         wait_for(lambda: flaky.got == [1], 10, "the first window")
         flaky.down = True
@@ -222,7 +222,7 @@ def test_an_mlflow_server_not_there_fails_at_start_in_one_line_without_its_crede
 def test_the_trackers_copy_of_the_config_masks_a_urls_credentials():
     from omegaconf import OmegaConf
 
-    from train.observe.trackers import flat_params
+    from loadout.observe.trackers import flat_params
 
     cfg = OmegaConf.create({"logger": {"mlflow": {"tracking_uri": "https://alice:s3cret@mlflow.example:5000"}},
                             "data": {"root": "s3://bucket/shards"}})
@@ -379,7 +379,7 @@ def test_tensorboard_gets_the_config_text_at_the_first_logged_step(tiny_dataset,
 def test_a_resumed_csv_table_keeps_the_columns_it_was_written_with(tmp_path):
     """A run resumed under a loadout that knows more figures appends rows under the file's own header, each value
     in its column (the new figures are left out of that file)."""
-    from train.observe.trackers.csv_file import CsvTracker
+    from loadout.observe.trackers.csv_file import CsvTracker
 
     (tmp_path / "metrics.csv").write_text("step,epoch,train_loss\n10,1,0.5\n")
     CsvTracker(tmp_path).log_epoch(20, {"epoch": 2, "train_loss": 0.25, "read_share": 0.3, "val_acc": 0.9})

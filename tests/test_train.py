@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from loadout.observe.metrics import EPOCH
 from tests.conftest import read_metrics, run_cli
-from train.observe.metrics import EPOCH
 
 FIELDS = ("epoch", "train_loss", "val_loss", "val_acc", "images_per_s", "data_wait_frac", "first_batch_s", "epoch_s",
           "peak_pss_mb", "bad_samples")
@@ -24,7 +24,7 @@ def test_two_epochs_with_persistent_workers_learn_and_write_metrics(learn_datase
     for record in records:
         for field in FIELDS:
             assert field in record, field
-        assert set(record) <= set(EPOCH), "every key a record has is named in train/observe/metrics.py's vocabulary"
+        assert set(record) <= set(EPOCH), "every key a record has is named in loadout/observe/metrics.py's vocabulary"
         assert record["images_per_s"] > 0 and 0 <= record["data_wait_frac"] < 1
         assert record["first_batch_s"] > 0 and record["peak_pss_mb"] > 100
     assert records[-1]["val_acc"] > 0.3, records  # 10 classes: chance is 0.1

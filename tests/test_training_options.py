@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from loadout.data.datasets import Cifar10Dataset
+from loadout.dist import DistEnv
 from tests.conftest import compose_config, read_metrics, run_cli
-from train.data.datasets import Cifar10Dataset
-from train.dist import DistEnv
+from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
-from train.run.job import data_from_config
 
 
 def test_cifar10_reads_python_batches(cifar_root):

@@ -15,13 +15,13 @@ from hydra import initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from loadout.errors import ConfigError
+from loadout.runtime.precision import native_bf16
+from loadout.tune.profile import pick_best
+from loadout.tune.report import swept_elsewhere, table
 from tests.conftest import CONF, compose_config, read_metrics, run_cli
-from train.errors import ConfigError
-from train.loop.precision import native_bf16
 from train.tune.config import check_sweep, default_sweep, expand_sweep, register_tune
 from train.tune.measure import RESULT_FILE, find_duplicate, measured_config
-from train.tune.profile import pick_best
-from train.tune.report import swept_elsewhere, table
 
 TINY = ["hardware=cpu", "data.image_size=32", "data.batch_size=16", "trainer.progress=false",
         "tune.repeats=3", "tune.warmup_batches=1", "tune.batches=3"]
@@ -188,7 +188,7 @@ def test_expand_sweep_is_the_cartesian_product():
 
 
 def test_profile_path_default_is_in_the_config_tree():
-    from train.tune.profile import DEFAULT_PROFILE
+    from loadout.tune.profile import DEFAULT_PROFILE
 
     assert Path(__file__).resolve().parents[1] / "conf" / "hardware" / "local.yaml" == DEFAULT_PROFILE
 

@@ -16,13 +16,13 @@ from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from loadout.data.loader.plan import STUCK_WORKER_TIMEOUT_S, LoaderPlan
+from loadout.data.loader.samplers import explain_loader_error
+from loadout.data.loader.stateful import shutdown_workers
+from loadout.dist import DistEnv
+from loadout.errors import LoaderError
 from tests.conftest import compose_config, run_cli
-from train.data.loader.plan import STUCK_WORKER_TIMEOUT_S, LoaderPlan
-from train.data.loader.samplers import explain_loader_error
-from train.data.loader.stateful import shutdown_workers
-from train.dist import DistEnv
-from train.errors import LoaderError
-from train.run.job import data_from_config
+from train.job import data_from_config
 
 
 class DiesAt(Dataset):

@@ -1,5 +1,5 @@
 """A run stopped mid-epoch at N processes and resumed at M trains the rest of that epoch, each sample once, and then
-epochs as an M-process run from the same seed would (train/data/loader/reshard.py).
+epochs as an M-process run from the same seed would (loadout/data/loader/reshard.py).
 
 The in-process tests build each rank's real training stream (real DataLoader, real JPEG decoding) at its rank and
 world size and hand the checkpoint's positions from one world size to the other; the slow ones stop real torchrun
@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadout.data.loader.positions import LoaderPositions
+from loadout.dist import DistEnv
+from loadout.errors import ConfigError
+from loadout.runtime import checkpoint
 from tests.conftest import ROOT, compose_config, training_at, wait_for
-from train.data.loader.positions import LoaderPositions
-from train.dist import DistEnv
-from train.errors import ConfigError
-from train.loop import checkpoint
+from train.job import data_from_config
 from train.loop.progress import Plan, Progress
-from train.run.job import data_from_config
 
 CPU = torch.device("cpu")
 TRAIN, BATCH = 240, 16
@@ -72,7 +72,7 @@ def resume(root: Path, world_size: int, state: dict, *extra: str) -> tuple[list,
 @pytest.mark.parametrize(("before", "after", "done"), [(2, 1, 3), (1, 2, 5), (2, 3, 2)])
 def test_the_rest_of_the_epoch_is_every_untrained_sample_once_then_epochs_as_a_fresh_run(tiny_dataset, caplog,
                                                                                          before, after, done):
-    caplog.set_level(logging.INFO, logger="train.data.loader.positions")
+    caplog.set_level(logging.INFO, logger="loadout.data.loader.positions")
     first, state = stop([stream(tiny_dataset, r, before) for r in range(before)], 0, done)
     streams, positions = resume(tiny_dataset, after, state)
     assert all(p.batch_in_epoch == len(streams[0]) - -(-(TRAIN - before * done * BATCH) // after // BATCH)

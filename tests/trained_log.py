@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from train.dist import barrier
+from loadout.dist import barrier
 
 
 class TrainedLog:

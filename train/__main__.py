@@ -1,12 +1,12 @@
-"""`python -m train [overrides]`: check the command line, compose the config with Hydra, train (train/run/job.py).
+"""`python -m train [overrides]`: check the command line, compose the config with Hydra, train (train/job.py).
 
 `--help` answers before torch or Hydra is imported. Bad overrides fail in one line before Hydra starts (so they write
 nothing), and `trainer.resume=auto hydra.run.dir=<run dir>` replays that run's own overrides under the command
-line's (train/run/resume_run.py). Under torchrun every rank runs this file; ranks > 0 get quiet Hydra overrides and
-share rank 0's run dir (train/run/run_dir.py).
+line's (loadout/run/resume_run.py). Under torchrun every rank runs this file; ranks > 0 get quiet Hydra overrides and
+share rank 0's run dir (loadout/run/run_dir.py).
 Exit status: 0 done, 2 bad input (one line naming the key), 3 out of memory, 4 diverged (each one line; a retry of the
-same config in the same run dir exits at once: train/run/no_retry.py), 69 a collective failed (a node or link lost: one
-line naming the rank), 74 a checkpoint could not be written (make room, then resume), 75 stopped by a signal with a
+same config in the same run dir exits at once: loadout/run/no_retry.py), 69 a collective failed (a node or link lost:
+one line naming the rank), 74 a checkpoint could not be written (make room, then resume), 75 stopped by a signal with a
 checkpoint to resume.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from train.run.cli_help import CONF, text, wants_help
+from loadout.run.cli_help import CONF, text, wants_help
 
 # Hydra's flags and the values each takes (--info's is optional: one of INFO_CHOICES), kept together when the
 # overrides are moved before them (argparse takes its positional overrides as one run)
@@ -28,7 +28,7 @@ CHECKED_FLAGS = {"--cfg", "-c", "--package", "-p", "--resolve"}  # with others (
 
 def task(cfg) -> None:
     """Hydra's job (imported here, so `--help` never waits for torch)."""
-    from train.run.job import main
+    from train.job import main
 
     main(cfg)
 
@@ -57,12 +57,12 @@ def split(argv: list[str]) -> tuple[list[str], list[str]] | None:
 def prepare(argv: list[str]) -> list[str]:
     """The arguments Hydra gets: the overrides checked (one line and exit 2 on a bad one), a resume's run replayed,
     `--cfg` printing resolved values, and the quiet overrides of ranks > 0."""
+    from loadout.credentials import without_credentials
+    from loadout.dist import DistEnv, hydra_rank_overrides
+    from loadout.errors import ConfigError
+    from loadout.run.resume_run import check_unchanged, replay, resumed_dir
     from train.config import register
-    from train.credentials import without_credentials
-    from train.dist import DistEnv, hydra_rank_overrides
-    from train.errors import ConfigError
-    from train.run.overrides import check_command_line
-    from train.run.resume_run import check_unchanged, replay, resumed_dir
+    from train.overrides import check_command_line
 
     register()
     quiet = hydra_rank_overrides(DistEnv.from_env())

@@ -13,8 +13,8 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from train.data.config import DataConfig, check_data
-from train.errors import bad_value
+from loadout.data.config import DataConfig, check_data
+from loadout.errors import bad_value
 from train.loop.config import TrainerConfig, check_trainer
 
 # `_target_` specs (conf/<group>/)
@@ -34,7 +34,7 @@ class LoadoutConfig:
     augment: Any = None
     # name -> {_target_: importable class, its arguments}: objects the Trainer calls back (train/loop/engine.py)
     callbacks: dict[str, Any] = field(default_factory=dict)
-    # name -> tracker spec: the `logger` group, a list (logger=[tensorboard,mlflow]); train/observe/trackers/
+    # name -> tracker spec: the `logger` group, a list (logger=[tensorboard,mlflow]); loadout/observe/trackers/
     logger: dict[str, Any] = field(default_factory=dict)
 
 
@@ -48,14 +48,14 @@ def register() -> None:
     if not OmegaConf.has_resolver("if_cuda"):
         OmegaConf.register_new_resolver("if_cuda", _if_cuda)
     if not OmegaConf.has_resolver("run_dir_name"):
-        from train.run.run_dir import run_dir_name
+        from loadout.run.run_dir import run_dir_name
 
         OmegaConf.register_new_resolver("run_dir_name", run_dir_name, use_cache=True)
 
 
 def validate(cfg: Any) -> None:
     """Reject settings that are wrong together, naming the key and the fix. Runs before any worker starts: each
-    section's own checks (train/data/config.py, train/loop/config.py), then what spans the sections."""
+    section's own checks (loadout/data/config.py, train/loop/config.py), then what spans the sections."""
     data, trainer = cfg.data, cfg.trainer
     for group in SWAPPABLE_GROUPS:
         if not OmegaConf.select(cfg, f"{group}._target_"):

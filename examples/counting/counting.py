@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from train.observe.metrics import Metric
+from loadout.observe.metrics import Metric
 from train.task import Task
 
 

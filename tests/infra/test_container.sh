@@ -256,7 +256,7 @@ HARDWARE=cpu docker-compose run --rm -T -e "EXPECT_IDS=$run_uid:$run_gid" -e "EX
   echo "uid $(id -u), data ro, outputs rw, /dev/shm ${shm_kb} kB, memlock $(ulimit -l), stack 64 MiB"
 ' || fail "container limits"
 # The start-up shm check, for real: quiet with compose's 2 GB, warns under Docker's default 64 MB.
-shm_probe='from train.data.loader.plan import loader_shm_bytes as need; from train.data.loader.shm import warn_if_shm_too_small as w
+shm_probe='from loadout.data.loader.plan import loader_shm_bytes as need; from loadout.data.loader.shm import warn_if_shm_too_small as w
 print("warned" if w(need(4, 2, 32 << 20)) else "quiet")'
 verdict=$(HARDWARE=cpu docker-compose run --rm -T --entrypoint python3 train -c "$shm_probe" 2>/dev/null | tail -n1)
 [[ $verdict == quiet ]] || fail "shm check inside train (HARDWARE=cpu, shm_size 2gb) said: $verdict"

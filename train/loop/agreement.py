@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, NoReturn
 import torch
 import torch.distributed as torch_dist
 
-from train.dist import control_group
-from train.errors import Diverged
+from loadout.dist import control_group
+from loadout.errors import Diverged
+from loadout.runtime.stop import Stopped, StopSignal
 from train.loop.progress import Progress
-from train.loop.stop import Stopped, StopSignal
 
 if TYPE_CHECKING:
     from train.loop.step import TrainStep

@@ -9,7 +9,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from train.errors import bad_value
+from loadout.errors import bad_value
 
 # The closed choices, enforced by OmegaConf as the command line is read; a StrEnum equals its text ("bf16").
 Mode = StrEnum("Mode", ["train", "validate"])

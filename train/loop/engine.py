@@ -17,30 +17,30 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from train.build import instantiate
-from train.data import DataPipeline
-from train.data.augment import Recipe
-from train.data.loader.autotune import Autotune
-from train.data.loader.batch import Batch
-from train.data.loader.stages import since
-from train.dist import DistEnv, any_rank, barrier
-from train.errors import Diverged
-from train.loop import checkpoint
+from loadout.build import instantiate
+from loadout.data import DataPipeline
+from loadout.data.loader.autotune import Autotune
+from loadout.data.loader.batch import Batch
+from loadout.data.loader.stages import since
+from loadout.dist import DistEnv, any_rank, barrier
+from loadout.errors import Diverged
+from loadout.observe.console import Console
+from loadout.observe.doctor import Doctor, Machine
+from loadout.observe.epoch_counts import EpochCounts
+from loadout.observe.meter import EpochMeter, SourceTally, append_jsonl, reduce_over_ranks
+from loadout.observe.metrics import epoch_line
+from loadout.observe.monitoring import Monitor
+from loadout.runtime import checkpoint
+from loadout.runtime.micro_batch import said_in_one_line
+from loadout.runtime.stop import StopSignal
+from train.augment import Recipe
 from train.loop.agreement import StepAgreement
 from train.loop.config import TrainerConfig
 from train.loop.epoch_batches import EpochBatches, batches_per_epoch
 from train.loop.evaluate import Evaluation
-from train.loop.micro_batch import said_in_one_line
 from train.loop.profiling import StepProfiler
 from train.loop.progress import Plan, Progress
 from train.loop.step import TrainStep
-from train.loop.stop import StopSignal
-from train.observe.console import Console
-from train.observe.doctor import Doctor, Machine
-from train.observe.epoch_counts import EpochCounts
-from train.observe.meter import EpochMeter, SourceTally, append_jsonl, reduce_over_ranks
-from train.observe.metrics import epoch_line
-from train.observe.monitoring import Monitor
 from train.task import Task, build_task
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class Trainer:
                  callbacks: Sequence = (), model_name: str = "the model", doctor: Doctor | None = None,
                  autotune: bool = False):
         self.tc, self.env, self.device, self.data, self.run_dir = tc, env, device, data, run_dir
-        # where each epoch's time went and what bound it (train/observe/doctor.py)
+        # where each epoch's time went and what bound it (loadout/observe/doctor.py)
         self.doctor = doctor or Doctor(Machine(device.type, num_workers=data.plan.num_workers,
                                                pin_memory=data.plan.pin_memory, image_size=data.plan.image_size))
         self.step, self.plan, self.model_name = step, plan, model_name

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import islice
 
-from train.data import DataPipeline
-from train.data.loader.batch import Batch
+from loadout.data import DataPipeline
+from loadout.data.loader.batch import Batch
 
 
 def batches_per_epoch(train_batches: int, limit: int | None, overfit: int) -> int:

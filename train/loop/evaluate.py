@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from train.data.loader.batch import Batch
-from train.dist import all_reduce_sum
-from train.loop.buffers import broadcast_from_rank0
+from loadout.data.loader.batch import Batch
+from loadout.dist import all_reduce_sum
+from loadout.runtime.buffers import broadcast_from_rank0
 from train.task import Task
 
 Predict = Callable[[torch.Tensor, torch.Tensor], Iterator[tuple[Any, torch.Tensor]]]  # TrainStep.predict

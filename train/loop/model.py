@@ -12,9 +12,9 @@ import torch
 import torchvision
 from omegaconf import OmegaConf
 
-from train.build import fitted_spec, instantiate, require_extra
-from train.errors import ConfigError
-from train.loop.checkpoint import read_weights_only
+from loadout.build import fitted_spec, instantiate, require_extra
+from loadout.errors import ConfigError
+from loadout.runtime.checkpoint import read_weights_only
 
 
 def torchvision_model(name: str, num_classes: int) -> torch.nn.Module:

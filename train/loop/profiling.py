@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from train.dist import DistEnv
+from loadout.dist import DistEnv
 from train.loop.config import ProfilerConfig
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.errors import ConfigError
+from loadout.errors import ConfigError
 
 
 class Record:

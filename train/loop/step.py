@@ -24,15 +24,15 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from train.build import instantiate
-from train.data.loader.batch import Batch
-from train.dist import DistEnv
-from train.errors import Diverged
-from train.loop import precision
-from train.loop.compiled import CompiledModel
+from loadout.build import instantiate
+from loadout.data.loader.batch import Batch
+from loadout.dist import DistEnv
+from loadout.errors import Diverged
+from loadout.runtime import precision
+from loadout.runtime.compiled import CompiledModel
+from loadout.runtime.micro_batch import MicroBatch, is_out_of_memory
+from loadout.runtime.nonfinite import SCALE_FLOOR, NonFiniteWatch
 from train.loop.config import TrainerConfig
-from train.loop.micro_batch import MicroBatch, is_out_of_memory
-from train.loop.nonfinite import SCALE_FLOOR, NonFiniteWatch
 from train.task import Classification, Task, build_task
 
 log = logging.getLogger(__name__)

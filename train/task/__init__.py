@@ -14,10 +14,10 @@ REQUIRED = ("loss", "eval_counts", "num_counts", "figures_of")  # what a Task su
 
 def build_task(cfg) -> Task:
     """The task of a composed config (`task._target_`; Classification where the config has no task section), its
-    figures added to the metric vocabulary (train/observe/metrics.py) before any sink reads it."""
-    from train.build import instantiate
-    from train.errors import ConfigError
-    from train.observe.metrics import use_task_figures
+    figures added to the metric vocabulary (loadout/observe/metrics.py) before any sink reads it."""
+    from loadout.build import instantiate
+    from loadout.errors import ConfigError
+    from loadout.observe.metrics import use_task_figures
 
     spec = OmegaConf.select(cfg, "task", default=None)
     task = Classification() if spec is None else instantiate("task", spec)

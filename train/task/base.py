@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from train.errors import ConfigError
+from loadout.errors import ConfigError
 
 
 class Task:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from train.data.masks import as_mask
+from loadout.data.masks import as_mask
 from train.task.base import Task
 
 
@@ -25,8 +25,8 @@ class Classification(Task):
 
     @classmethod
     def metric_rows(cls) -> tuple:
-        # imported here: train/observe/metrics.py names this default task's figures at its own import
-        from train.observe.metrics import Metric
+        # imported here: loadout/observe/metrics.py names this default task's figures at its own import
+        from loadout.observe.metrics import Metric
 
         return (Metric("val_acc", "Validation accuracy after the epoch", "loadout_val_accuracy", "val_acc {:.3f}"),
                 Metric("val_top5", "Validation top-5 accuracy after the epoch", "loadout_val_top5_accuracy",

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from train.data.masks import as_mask
-from train.observe.metrics import Metric
+from loadout.data.masks import as_mask
+from loadout.observe.metrics import Metric
 from train.task.base import Task
 
 FIGURES = (

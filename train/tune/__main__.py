@@ -14,8 +14,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from train.data.loader.samplers import explain_loader_error
-from train.errors import ConfigError
+from loadout.data.loader.samplers import explain_loader_error
+from loadout.errors import ConfigError
 from train.tune.config import register_tune
 from train.tune.measure import RESULT_FILE, measure
 

@@ -16,11 +16,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from train.errors import ConfigError
+from loadout.errors import ConfigError
+from loadout.tune.profile import pick_best, profile_text, write_profile
+from loadout.tune.report import describe_machine, gather, machine_info, table, write_report
 from train.tune.config import check_sweep
 from train.tune.measure import progress_bar
-from train.tune.profile import pick_best, profile_text, write_profile
-from train.tune.report import describe_machine, gather, machine_info, table, write_report
 
 log = logging.getLogger("train.tune")
 

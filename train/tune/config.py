@@ -17,11 +17,11 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
+from loadout.data.config import drop_worker_knobs
+from loadout.data.loader.plan import usable_cores
+from loadout.errors import ConfigError, bad_value
 from train.config import register, validate
-from train.data.config import drop_worker_knobs
-from train.data.loader.plan import usable_cores
-from train.errors import ConfigError, bad_value
-from train.run.overrides import wrong_type
+from train.overrides import wrong_type
 
 
 @dataclass
@@ -101,7 +101,7 @@ def default_sweep(cores: int | None = None, cuda: bool | None = None) -> str:
     (every count up to 4, then steps of max(2, cores / 8)), so the 0.75 x cores starting point and the counts above
     it are both measured; prefetch_factor 2 (DataLoader's default) and 4, the batches each worker keeps ready to
     ride out slow samples; pin_memory only with CUDA. Not persistent_workers: one loader iterator spans all
-    training epochs (train/data/loader/stream.py), so its workers never restart and the knob cannot change what is
+    training epochs (loadout/data/loader/stream.py), so its workers never restart and the knob cannot change what is
     timed."""
     cores = usable_cores() if cores is None else cores
     cuda = torch.cuda.is_available() if cuda is None else cuda

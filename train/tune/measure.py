@@ -1,7 +1,7 @@
-"""One tune job: build the real data path (train.data.build_data), run `tune.repeats` epochs of it and return the
+"""One tune job: build the real data path (loadout.data.build_data), run `tune.repeats` epochs of it and return the
 result record: steady-state images/s (warm-up excluded; median and spread over the epochs), the first-batch latency
 of every epoch, peak PSS of the main process plus workers, peak /dev/shm use and, with tune.with_model=true, the
-data-wait fraction of real training steps (train/loop/step.py). Every figure is train/observe/metrics.py's definition.
+data-wait fraction of real training steps (train/loop/step.py). Every figure is loadout/observe/metrics.py's definition.
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from train.build import instantiate
-from train.data import build_data, build_sources
-from train.data.config import drop_worker_knobs
-from train.data.loader.plan import LoaderPlan
-from train.device import select_device
-from train.dist import DistEnv, seed_everything
-from train.errors import bad_value
+from loadout.build import instantiate
+from loadout.data import build_data, build_sources
+from loadout.data.config import drop_worker_knobs
+from loadout.data.loader.plan import LoaderPlan
+from loadout.device import select_device
+from loadout.dist import DistEnv, seed_everything
+from loadout.errors import bad_value
+from loadout.observe.memory import MIB, MemorySampler
+from loadout.observe.meter import EpochMeter
+from loadout.runtime.precision import native_bf16
+from loadout.tune import cpu_precision
 from train.loop.model import build_model
-from train.loop.precision import native_bf16
 from train.loop.step import TrainStep
-from train.observe.memory import MIB, MemorySampler
-from train.observe.meter import EpochMeter
 from train.task import build_task
-from train.tune import cpu_precision
 from train.tune.config import validate_tune
 
 log = logging.getLogger("train.tune")
