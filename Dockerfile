@@ -61,10 +61,12 @@ RUN TORCH_FROM_BASE=${TORCH_FROM_BASE} python3 base_lock.py constraints.txt /tmp
  && CPU_ONLY=${CPU_ONLY} TORCH_FROM_BASE=${TORCH_FROM_BASE} python3 check_torch.py constraints.txt requirements.txt \
  && rm /tmp/constraints.txt /tmp/decode.txt base_lock.py check_torch.py
 
-# The source. `python -m train` runs from /app, so the configs in /app/conf are the ones used.
+# The source: the library (loadout/, installed) and the template (train/). `python -m train` runs from /app, so the
+# configs in /app/conf are the ones used.
 # README* (pyproject's readme) may not exist yet; pyproject.toml keeps the pattern from matching nothing.
 COPY pyproject.toml requirements.txt README* ./
 COPY conf/ conf/
+COPY loadout/ loadout/
 COPY train/ train/
 RUN python3 -m pip install --no-cache-dir --no-deps . \
  && rm -rf build ./*.egg-info \

@@ -119,10 +119,10 @@ def test_dockerfile_installs_dependencies_before_copying_source():
     ins = _instructions()
     ops = [f"{op} {args}" for op, args in ins]
     first_dep_copy = next(i for i, s in enumerate(ops) if s.startswith("COPY requirements.txt constraints.txt"))
-    assert "train/" not in ops[first_dep_copy] and "conf/" not in ops[first_dep_copy]
+    assert not any(source in ops[first_dep_copy] for source in ("loadout/", "train/", "conf/"))
     dep_install = next(i for i, s in enumerate(ops) if s.startswith("RUN") and "base_lock.py" in s
                        and "pip install --no-cache-dir -c /tmp/constraints.txt -r requirements.txt" in s)
-    source_copy = next(i for i, s in enumerate(ops) if s.startswith("COPY train/"))
+    source_copy = next(i for i, s in enumerate(ops) if s.startswith("COPY loadout/"))
     project_install = next(i for i, s in enumerate(ops) if "pip install" in s and "--no-deps ." in s)
     assert first_dep_copy < dep_install < source_copy < project_install
 
