@@ -141,7 +141,7 @@ def test_a_truncated_first_jpeg_is_skipped_at_build_and_a_source_with_none_reada
     assert message.startswith(f"dataset.sources.broken: none of its first 3 samples reads (the first, {first} "
                               "(sample 0): "), message
     assert "a broken file, or the dataset's own reading" in message
-    with pytest.raises(ConfigError, match=rf"^dataset\._target_=train\.data\.voc\.VOCSegmentation: none of its first "
+    with pytest.raises(ConfigError, match=rf"^dataset\._target_=loadout\.data\.voc\.VOCSegmentation: none of its first "
                                           rf"3 samples reads \(the first, {re.escape(str(first))} "):
         build_sources(plain.dataset, plain.data, Segmentation())
 

@@ -2,9 +2,9 @@
 the task's best figure), the ranks' agreement on stopping (agreement.py), one metrics row an epoch;
 trainer.mode=validate evaluates a checkpoint instead (`Trainer.validate`).
 
-Callbacks (the `callbacks:` config group, `_target_` classes) see the run from outside: each may define
-`on_train_batch(trainer, batch)`, `on_save(trainer)` (every rank, before the checkpoint is written) and
-`on_epoch_end(trainer, record)`.
+What watches or tunes the loop (trackers, Prometheus, progress lines, the profiler, data.autotune, the `callbacks:`
+config group) attaches through hooks (hooks.py), never inline: what stays in the loop is the step, the ranks'
+agreement, evaluation, the doctor's reading of the epoch and checkpoints.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from train.loop.agreement import StepAgreement
 from train.loop.config import TrainerConfig
 from train.loop.epoch_batches import EpochBatches, batches_per_epoch
 from train.loop.evaluate import Evaluation
+from train.loop.hooks import Autotuning, Hooks, Profiling, ProgressLines, Tracking
 from train.loop.profiling import StepProfiler
 from train.loop.progress import Plan, Progress
 from train.loop.step import TrainStep
@@ -69,11 +70,17 @@ class Trainer:
         # the stop signal, a non-finite loss and the micro-batch size, agreed by the ranks one step later
         self.agreement = StepAgreement(self.stop, step, lambda: self.progress, self.save)
         self.evaluation = Evaluation(step.ddp, step.predict, step.task, device)
-        self.callbacks = list(callbacks)
         self.progress = Progress()
         self.batches = EpochBatches(data, tc.limit_batches, tc.overfit_batches)  # all, debug=limit or overfit
         self.console = Console(tc.progress and env.is_main, tc.progress_every_s)  # a bar, or lines in a log
-        self.profiler: StepProfiler | None = None  # trainer.profiler: over a window of fit()'s steps
+        built_in = [Tracking(self.monitor)] if self.monitor.enabled else []
+        if self.console.show and not self.console.interactive:
+            built_in.append(ProgressLines(self.console))
+        if tc.profiler.enabled:
+            built_in.append(Profiling(partial(StepProfiler, tc.profiler, run_dir, device, env)))
+        if self.autotune is not None:
+            built_in.append(Autotuning(self.autotune))
+        self.hooks = Hooks([*built_in, *callbacks])
         self.positions = data.positions(env)
         self.counts = EpochCounts(env, device)  # the epoch's training sums, kept by a mid-epoch checkpoint
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -101,12 +108,6 @@ class Trainer:
                    doctor=Doctor(Machine.of(cfg.data, data.plan, data.source, device, cfg.trainer)),
                    autotune=bool(cfg.data.get("autotune", False)))
 
-    def _call(self, hook: str, *args) -> None:
-        for callback in self.callbacks:
-            method = getattr(callback, hook, None)
-            if method is not None:
-                method(self, *args)
-
     # -- checkpoints -----------------------------------------------------------------------------------------
     def parts(self) -> dict[str, checkpoint.Stateful]:
         tuned = {"autotune": self.autotune} if self.autotune is not None else {}  # before "loader": its workers
@@ -119,7 +120,7 @@ class Trainer:
         resumes from one checkpoint."""
         if any_rank(int(not self.step.watch.confirm(self.step.model))):  # never a non-finite state over a finite one
             self.agreement.diverge("a non-finite loss or weight")
-        self._call("on_save")
+        self.hooks("on_save", self)
         self.positions.gather(mid_epoch=self.progress.batch_in_epoch > 0)
         self.counts.gather(mid_epoch=self.progress.batch_in_epoch > 0)
         if self.env.is_main:
@@ -170,13 +171,10 @@ class Trainer:
         return self.progress.step >= self.plan.last_step(self.tc.max_steps)
 
     def fit(self) -> list[dict]:
-        if self.tc.profiler.enabled:
-            self.profiler = StepProfiler(self.tc.profiler, self.run_dir, self.device, self.env)
         try:
             return self._epochs()
         finally:
-            if self.profiler is not None:
-                self.profiler.stop()
+            self.hooks("on_fit_end", self)
 
     def _epochs(self) -> list[dict]:
         tc = self.tc
@@ -185,16 +183,14 @@ class Trainer:
             record = {"epoch": self.progress.epoch + 1, **self.train_epoch(), **self.evaluate()}
             record["epoch_complete"] = complete = self.progress.batch_in_epoch >= self.batches.per_epoch
             records.append(record)
-            self.monitor.on_epoch(self.progress.step, record)
             figure = self.step.task.best[0]
             best = complete and self.step.task.better(record[figure], self.progress.best)
             if complete:  # else cut short by trainer.max_steps: resume finishes this epoch
                 self.progress = Progress(epoch=self.progress.epoch + 1, step=self.progress.step,
                                          best=record[figure] if best else self.progress.best)
-            if complete and self.autotune is not None and self.progress.epoch < tc.epochs and not self.done():
-                self.autotune.after_epoch(self.doctor.finding)  # before the checkpoint, which keeps the choice
+            self.hooks("on_epoch_record", self, record)
             self.save(best=best)
-            self._call("on_epoch_end", record)
+            self.hooks("on_epoch_end", self, record)
             if self.env.is_main:
                 append_jsonl(self.metrics_path, record)
                 log.info("%s", epoch_line(record, tc.epochs, tc.max_steps))
@@ -215,6 +211,7 @@ class Trainer:
         self.step.ddp.train()
         self.data.set_epoch(self.progress.epoch)
         self.doctor.retarget(self.data.plan.num_workers)  # data.autotune may have changed it
+        self.hooks("on_epoch_start", self)
         meter = self.counts.start(EpochMeter(self.device, self.memory, self.source_tally()))
         remaining = self.batches.per_epoch - self.progress.batch_in_epoch
         desc = f"epoch {self.progress.epoch + 1}/{tc.epochs}"
@@ -225,7 +222,7 @@ class Trainer:
         shown = self.plan.batches_left(self.progress, self.batches.per_epoch, tc.grad_accum_steps, tc.max_steps)
         for batch in self._batches(batches, meter, desc, shown):  # the bar counts to max_steps where it comes first
             self.progress.batch_in_epoch += 1
-            self._call("on_train_batch", batch)
+            self.hooks("on_train_batch", self, batch)
             # a batch with no readable sample still steps under DDP: every rank joins every gradient all-reduce
             skipped = self.step.skipped
             try:
@@ -237,14 +234,9 @@ class Trainer:
             meter.stepped(len(batch), loss, batch.bad, batch.decode_fallbacks,
                           *((self.step.grad_norm, self.step.lr) if updated else (None, None)), indices=batch.indices,
                           skipped=self.step.skipped - skipped)
-            self.monitor.on_step(self.progress.step, meter)
-            if self.autotune is not None:  # once within a long first epoch, at this batch boundary
-                self.autotune.during_epoch(self.progress.batch_in_epoch, self.batches.per_epoch, meter, self.doctor)
+            self.hooks("on_step", self, meter, updated)
             if not updated:
                 continue
-            self.console.stepped(desc, meter, self.progress.step, self.plan.last_step(tc.max_steps))
-            if self.profiler is not None:
-                self.profiler.step()
             self.agreement.agree()
             every = tc.checkpoint_every_steps
             if every and self.progress.step % every == 0:
