@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from common import host_batches, machine, pipeline, report
 
-from loadout.observe.memory import MIB, worker_memory
+from loadout.errors import MIB
+from loadout.observe.memory import worker_memory
 
 
 class ListPaths:

@@ -19,7 +19,8 @@ import numpy as np
 from common import host_batches, machine, pipeline, report
 from PIL import Image
 
-from loadout.observe.memory import MIB, worker_memory
+from loadout.errors import MIB
+from loadout.observe.memory import worker_memory
 
 SAMPLES, CLASSES = 20_000, 10
 

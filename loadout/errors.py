@@ -18,6 +18,8 @@ LOST_PEER_EXIT = 69  # EX_UNAVAILABLE: a collective failed (a node or link lost)
 CHECKPOINT_WRITE_EXIT = 74  # EX_IOERR: a checkpoint could not be written; make room, then resume
 RESUMABLE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped cleanly, resume to continue
 
+MIB = 2**20  # the unit of every size a message or a figure gives (MiB, "_mb")
+
 
 class Failure(Exception):
     """A run that cannot go on: `status` is its exit status; `repeats` when the same config in the same run dir

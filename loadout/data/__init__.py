@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from loadout.build import fitted_spec, instantiate
+from loadout.data.capabilities import Offers
 from loadout.data.fast.cache import SharedSampleCache
 from loadout.data.fast.encoded import device_decoding
 from loadout.data.loader.activity import ActivityBoard
@@ -29,7 +30,7 @@ from loadout.data.loader.stateful import shutdown_workers
 from loadout.data.loader.stream import TrainStream, build_train_stream, train_loader
 from loadout.data.masks import as_mask
 from loadout.data.samples import Samples
-from loadout.data.source import Offers, Source, check_sources, first_readable, sample_name
+from loadout.data.source import Source, check_sources, first_readable, sample_name
 from loadout.data.transforms import resize_size
 from loadout.dist import DistEnv
 from loadout.errors import ConfigError

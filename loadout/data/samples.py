@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from loadout.data.capabilities import Offers
 from loadout.data.fast.cache import SharedSampleCache
 from loadout.data.fast.decode import UNREADABLE, decode_crop, decoded_size, exif_orientation, image_size
 from loadout.data.fast.encoded import EncodedSample
@@ -44,7 +45,7 @@ from loadout.data.masks import as_mask, check_mask_size, stray_value
 from loadout.data.remote.shard_store import ShardError
 from loadout.data.seeds import sample_seeds
 from loadout.data.seg_augment import joint
-from loadout.data.source import Offers, Source, as_uint8_tensor, sample_name
+from loadout.data.source import Source, as_uint8_tensor, sample_name
 from loadout.data.transforms import CropFlipPlan, ResizedCropFirst
 from loadout.errors import LoaderError
 

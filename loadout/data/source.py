@@ -1,41 +1,25 @@
-"""What a dataset (a "source") must have to train with loadout, and what it may offer; checked once, at build time.
+"""The contract a dataset (a "source") meets to train with loadout, checked once when the run is built.
 
-A source is a map-style dataset built from the `dataset:` config group with `split="train"` or `"val"`:
+A source is a map-style dataset built from the `dataset:` config group with `split="train"` or `"val"`. It must have:
 
-    must have   __len__      the number of samples
-                __getitem__  (image, target): a PIL image or a uint8 CHW tensor, and what the task trains on
-                             (task=classification: an integer label; segmentation: a uint8 (H, W) mask)
-                what the task needs: `Task.source_needs`, the same on both splits (classification and
-                segmentation: `classes`, the class names)
-    may offer   targets      every label as an int array: data.sampler=weighted, and labels without loading
-                paths        the file of each sample: names a bad or stuck sample in the log
-                min_side     a settable attribute: decode at the smallest size that still covers the resize
-                decoded      True when samples are pixels already (the sample cache has nothing to save)
-                size         the side of square stored samples (the Resize step is skipped)
-                read_crops   (indices, tops, lefts, height, width, flips) -> uint8 batch: crop and flip a whole
-                             batch at once (transforms.CropFlipPlan draws the boxes)
-                set_epoch    told each sample's epoch before it is read (curricula)
-                read_encoded index -> (the encoded file, its label), for data.decode=device
-                shard_starts the first index of each shard: training reads a window of shards at a time
-                fetch_shard  shard -> None: bring a shard onto this node ahead of its reads (with shard_starts; a
-                             thread of the main process calls it for the shards the order reaches next)
-                ordered      True when the source's index order is the training order already (dataset=mix): the
-                             sampler only splits it over ranks, in contiguous parts
-                parts        names of the sources a mix draws from, with part_of(epoch, indices) -> each index's
-                             part: metrics.jsonl counts the samples each part gave an epoch (mix.py)
-                read_part    (part, sample) -> that part's sample as the mix gives it (with parts and `sources`,
-                             the parts themselves): the first readable sample of each part is checked for the task,
-                             and an error names the part
-                check_masks  parts -> None: those parts' samples carry masks (with read_part); raise ConfigError
-                             where they cannot go together
+    __len__      the number of samples
+    __getitem__  index -> (image, target): the image a PIL image or a uint8 CHW tensor, the target what the task
+                 trains on (task=classification: an integer label; segmentation: a uint8 (H, W) mask)
+    classes      the class names, the same on both splits: what the task needs (`Task.source_needs`; a task of your
+                 own may ask for other names, or none)
 
-Everything else a run gives every source alike (samples.py): the per-sample seeds, the sample cache, the transform,
-bad samples skipped, stuck reads named.
+and may offer, each for one reason:
+
+    targets      every label as an int array: data.sampler=weighted, and labels without loading an image
+    paths        the file of each sample: a bad or stuck sample is named by it in the log
+    set_epoch    epoch -> None, told each sample's epoch before it is read: a curriculum
+
+Everything else a run gives every source alike (samples.py): per-sample seeds, the sample cache, the transform, bad
+samples skipped, stuck reads named. loadout's own sources offer its loader more (capabilities.py); yours need none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
@@ -52,38 +36,11 @@ TRIES = 8  # a source's first samples tried for one that reads: training skips a
 
 @runtime_checkable
 class Source(Protocol):
+    """The two methods `isinstance` checks; `classes` and the options are looked up by name (module docstring)."""
+
     def __len__(self) -> int: ...
 
-    def __getitem__(self, index: int) -> tuple[Any, int]: ...
-
-
-@dataclass(frozen=True)
-class Offers:
-    """What one source offers beyond the `Source` protocol, read once when the run is built."""
-
-    targets: bool
-    paths: bool
-    min_side: bool
-    decoded: bool
-    size: int | None
-    read_crops: bool
-    set_epoch: bool
-    read_encoded: bool
-    shard_starts: bool
-    fetch_shard: bool
-    ordered: bool = False
-    parts: bool = False
-
-    @classmethod
-    def of(cls, source: Source) -> Offers:
-        return cls(targets=hasattr(source, "targets"), paths=hasattr(source, "paths"),
-                   min_side=hasattr(source, "min_side"), decoded=bool(getattr(source, "decoded", False)),
-                   size=getattr(source, "size", None), read_crops=hasattr(source, "read_crops"),
-                   set_epoch=hasattr(source, "set_epoch"),
-                   read_encoded=hasattr(source, "read_encoded"), shard_starts=hasattr(source, "shard_starts"),
-                   fetch_shard=hasattr(source, "shard_starts") and hasattr(source, "fetch_shard"),
-                   ordered=bool(getattr(source, "ordered", False)),
-                   parts=hasattr(source, "parts") and hasattr(source, "part_of"))
+    def __getitem__(self, index: int) -> tuple[Any, Any]: ...
 
 
 def as_uint8_tensor(image) -> torch.Tensor:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from loadout.data.capabilities import Offers
 from loadout.data.loader.plan import usable_cores
 from loadout.data.loader.samplers import shards_ahead
 from loadout.data.loader.stages import WORKER_STAGES
-from loadout.data.source import Offers
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,6 @@ import torch
 
 from loadout.data.loader.shm import SHM_PATH
 
-MIB = 2**20
-
 
 @dataclass
 class ProcessMemory:

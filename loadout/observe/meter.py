@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from loadout.dist import DistEnv, gather_rows
-from loadout.observe.memory import MIB, MemorySampler
+from loadout.errors import MIB
+from loadout.observe.memory import MemorySampler
 
 
 class SourceTally:

@@ -13,12 +13,12 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from loadout.dist import DistEnv
+from loadout.errors import MIB
 from loadout.run.cli_help import CONF
 
 log = logging.getLogger("train")
 
 PLAN = "plan.json"
-MIB = 2**20
 
 
 def shown_path(path: Path) -> str:

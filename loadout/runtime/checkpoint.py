@@ -26,14 +26,13 @@ from typing import IO, Protocol
 
 import torch
 
-from loadout.errors import CheckpointWriteError, ConfigError, first_line
+from loadout.errors import MIB, CheckpointWriteError, ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
 LAST = "last.pt"
 BEST = "best.pt"  # the epoch with the task's best figure so far (val_acc for task=classification)
 FORMAT = 2  # 2: Stateful parts by name + "format"
-MIB = 2**20
 
 
 class Stateful(Protocol):

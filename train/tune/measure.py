@@ -26,8 +26,8 @@ from loadout.data.config import drop_worker_knobs
 from loadout.data.loader.plan import LoaderPlan
 from loadout.device import select_device
 from loadout.dist import DistEnv, seed_everything
-from loadout.errors import bad_value
-from loadout.observe.memory import MIB, MemorySampler
+from loadout.errors import MIB, bad_value
+from loadout.observe.memory import MemorySampler
 from loadout.observe.meter import EpochMeter
 from loadout.runtime.precision import native_bf16
 from loadout.tune import cpu_precision

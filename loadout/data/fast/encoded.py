@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
+from loadout.data.capabilities import Offers
 from loadout.data.fast.decode import JPEG_MAGIC, UNREADABLE, decode_image_file
 from loadout.data.geometry import BoxPlan
 from loadout.data.loader.plan import LoaderPlan
-from loadout.data.source import Offers
 from loadout.errors import ConfigError, first_line
 from loadout.runtime.micro_batch import gpu_nearly_full, is_out_of_memory
 
@@ -248,7 +248,7 @@ def device_decoding(sources: tuple, transforms: tuple, plan: LoaderPlan, device:
     for source in sources:
         if not Offers.of(source).read_encoded:
             raise ConfigError(f"data.decode=device: {type(source).__name__} offers no `read_encoded` "
-                              "(loadout/data/source.py), so it has no encoded files to ship; use data.decode=cpu")
+                              "(loadout/data/capabilities.py), so it has no encoded files to ship; use data.decode=cpu")
     boxes = tuple(BoxPlan.of(transform) for transform in transforms)
     if None in boxes:
         raise ConfigError("data.decode=device: the device runs [Resize ->] RandomCrop or CenterCrop -> flip, or "

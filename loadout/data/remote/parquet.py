@@ -72,7 +72,7 @@ def open_in_place(store: ShardStore, url: str):
 
 
 class ParquetSource:
-    """One split of a parquet image dataset (loadout/data/source.py's interface): `classes`, `targets` (not with
+    """One split of a parquet image dataset (source.py, capabilities.py): `classes`, `targets` (not with
     masks), `paths`, `read_encoded`, `min_side`, `shard_starts` (the first row of each row group) and `fetch_shard`.
     `classes`: the class names (or their count) where the files do not name them, as with `mask_column`."""
 

@@ -47,7 +47,7 @@ INDEX_VERSION = 2  # 2: mask members indexed
 
 
 class ShardSource:
-    """One split of a sharded dataset (loadout/data/source.py's interface): `classes`, `read_encoded`, `min_side`,
+    """One split of a sharded dataset (source.py, capabilities.py): `classes`, `read_encoded`, `min_side`,
     `paths` (`<shard URL>#<n>`), `shard_starts` (the first sample of each shard) and `fetch_shard`.
 
     With the sample counts from `_info.json`, nothing is read at build time but that file and a listing (every shard
