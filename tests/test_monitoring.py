@@ -28,13 +28,14 @@ from loadout.dist import DistEnv
 from loadout.errors import ConfigError
 from loadout.observe.memory import MemorySampler
 from loadout.observe.meter import EpochMeter
-from loadout.observe.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY
+from loadout.observe.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY, use_task_figures
 from loadout.observe.monitoring import Monitor, PrometheusSink
 from loadout.observe.trackers import Trackers
 from loadout.observe.trackers.tensorboard_events import TensorBoardTracker
 from tests.conftest import ROOT, compose_config, run_cli
 from tests.test_distributed import finish_or_show_stacks
 from train.config import validate
+from train.task import Classification
 
 MONITORING = ROOT / "monitoring"
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "loadout.json"
@@ -43,6 +44,12 @@ STEP_TAGS = {"train/loss", "train/images_per_s", "train/data_wait_frac", "memory
              "memory/workers_pss_bytes", "memory/workers_uss_bytes", "memory/peak_pss_bytes", "memory/workers"}
 EPOCH_TAGS = {"epoch/train_loss", "epoch/val_acc", "epoch/images_per_s", "epoch/data_wait_frac",
               "epoch/first_batch_s", "epoch/peak_pss_mb"}
+
+
+@pytest.fixture(autouse=True)
+def classification_figures():
+    """The vocabulary as a classification run has it (the task adds its figures when it is built)."""
+    use_task_figures(Classification().figures)
 
 
 def free_port() -> int:

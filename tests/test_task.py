@@ -20,6 +20,7 @@ from loadout.data.source import check_sources
 from loadout.dist import DistEnv
 from loadout.errors import ConfigError
 from loadout.observe.metrics import EPOCH, epoch_line
+from loadout.runtime import checkpoint
 from scripts.make_dataset import make_synthetic_voc
 from tests.conftest import ROOT, compose_config, read_metrics, run_cli
 from train.loop.evaluate import Evaluation
@@ -151,10 +152,12 @@ def test_the_best_rule_follows_the_tasks_figure_and_direction():
     assert lowest.better(0.3, 0.4) and not lowest.better(0.5, 0.4)
 
 
-def test_an_old_checkpoints_best_val_acc_becomes_the_best():
-    old = {"epoch": 2, "step": 30, "batch_in_epoch": 0, "best_val_acc": 0.625}
-    assert Progress.from_state(old) == Progress(epoch=2, step=30, best=0.625)
-    assert Progress.from_state({**old, "best_val_acc": -1.0}).best is None  # none yet
+def test_an_old_checkpoints_best_val_acc_becomes_the_best(tmp_path):
+    path = tmp_path / "last.pt"
+    for old_best, best in ((0.625, 0.625), (-1.0, None)):  # -1: none yet
+        old = {"epoch": 2, "step": 30, "batch_in_epoch": 0, "best_val_acc": old_best}
+        torch.save({"format": checkpoint.FORMAT, "progress": old}, path)
+        assert Progress.from_state(checkpoint.load(path)["progress"]) == Progress(epoch=2, step=30, best=best)
     assert Progress.from_state(Progress(best=0.5).state_dict()).best == 0.5
 
 

@@ -3,8 +3,8 @@ sinks, tune and bench all read these.
 
 The vocabulary (`WINDOW`, `TOTALS`, `EPOCH`, `MEMORY`) is where a figure gets its names: its key in metrics.jsonl
 and in TensorBoard (`<section>/<key>`), its Prometheus name, and its place in the epoch's log line. The task's own
-evaluation figures (train/task/) join `EPOCH` after val_loss at start-up (`use_task_figures`), before any sink
-reads it; until then it holds the default task's.
+evaluation figures (train/task/) join `EPOCH` after val_loss when the task is built (`use_task_figures`), before any
+sink reads it; the vocabulary itself knows no task.
 
 The meter that measures them is loadout/observe/meter.py.
 

@@ -4,9 +4,9 @@ previous ones kept beside the last (trainer.keep_checkpoints), found again for t
 The Trainer hands over its parts by name (model, optimizer, scheduler, scaler, micro-batch size, the precision the
 run trains in, progress, the trackers' run ids, loader: every rank's StatefulDataLoader position, meter: every rank's
 training counts of the epoch in progress), as torchtitan's checkpointer keeps one dict of Stateful objects; the file
-holds each part's `state_dict()` and the format version, and a file of another format is refused in one line. A part
-added since (micro_batch, trackers, autotune, meter, precision) is optional within the format: an older file resumes
-without it.
+holds each part's `state_dict()` and the format version, and a file of another format is refused in one line. What
+changed within the format is mended in one place, `_current` on load: a part added since (`ADDED_PARTS`) is simply
+absent from an older file, which resumes without it.
 Every file is read with weights_only=True: tensors and plain containers, never code. A write that fails (a full
 disk, a quota, a read-only mount) leaves the previous checkpoints as they were and says so in one line.
 """
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 LAST = "last.pt"
 BEST = "best.pt"  # the epoch with the task's best figure so far (val_acc for task=classification)
 FORMAT = 2  # 2: Stateful parts by name + "format"
+ADDED_PARTS = ("micro_batch", "trackers", "autotune", "meter", "precision")  # parts format 2 gained later
 
 
 class Stateful(Protocol):
@@ -231,6 +232,18 @@ def load(path: Path) -> dict:
     if found != FORMAT:
         raise ConfigError(f"trainer.resume: {path} has checkpoint format {found}, this loadout reads format "
                           f"{FORMAT}: finish that run with the loadout that wrote it, or use trainer.resume=null")
+    return _current(state)
+
+
+def _current(state: dict) -> dict:
+    """A format-2 file as this loadout writes one: the one place where an older file's parts are mended."""
+    progress = state.get("progress", {})
+    if "best_val_acc" in progress:  # before tasks: the best figure was the top-1 accuracy, -1 when none yet
+        old = progress.pop("best_val_acc")
+        progress.setdefault("best", None if old < 0 else old)
+    if "autotune" in state:  # before undoing a change and measuring it after a resume
+        state["autotune"].setdefault("settled", False)
+        state["autotune"].setdefault("before", None)
     return state
 
 

@@ -141,9 +141,7 @@ class Trainer:
         del parts["plan"], parts["scaler"]  # this run's plan stands (checked above); the scaler loads from any device
         checkpoint.load_model(parts.pop("model"), state, path, self.model_name)
         self.step.load_scaler(state.get("scaler", {}))
-        # checkpoints written before trainer.micro_batch_size, the logger group, data.autotune, the epoch's counts, the
-        # precision record lack them
-        for name in ("micro_batch", "trackers", "autotune", "meter", "precision"):
+        for name in checkpoint.ADDED_PARTS:  # an older checkpoint resumes without them
             if name not in state:
                 parts.pop(name, None)
         if progress.batch_in_epoch >= self.batches.per_epoch or tc.overfit_batches:  # no position to go on from

@@ -35,14 +35,6 @@ class Progress(Record):
         progress.load_state_dict(state)
         return progress
 
-    def load_state_dict(self, state: dict) -> None:
-        """A checkpoint's progress; one written before tasks keeps its best as `best_val_acc` (-1: none yet)."""
-        state = dict(state)
-        if "best_val_acc" in state:
-            old = state.pop("best_val_acc")
-            state.setdefault("best", None if old < 0 else old)
-        super().load_state_dict(state)
-
 
 @dataclass
 class Plan(Record):

@@ -214,8 +214,8 @@ class Autotune:
         """The checkpoint's choice, within this machine's cores."""
         workers = min(int(state["num_workers"]), max(self.cap, self.data.plan.num_workers))
         prefetch = int(state["prefetch_factor"])
-        self.settled = bool(state.get("settled", False))  # a checkpoint from before undoing existed: not settled
-        before = state.get("before")  # a change not yet measured: measured after the resume
+        self.settled = bool(state["settled"])
+        before = state["before"]  # a change not yet measured: measured after the resume
         self._before = (int(before[0]), int(before[1]), float(before[2])) if before else None
         if (workers, prefetch) != (self.data.plan.num_workers, self.data.plan.prefetch_factor):
             self.apply(workers, prefetch, "the checkpoint's choice")
