@@ -110,9 +110,10 @@ def write_failure(path: Path, size: int, err: BaseException) -> CheckpointWriteE
                                 "and resume with trainer.resume=auto")
 
 
-def save(parts: dict[str, Stateful], path: Path, keep: int = 1) -> None:
+def save(parts: dict[str, Stateful], path: str | Path, keep: int = 1) -> None:
     """Each part's state_dict() with the format version, through torch.save, never half a file; `keep` checkpoints
     in all (this one and the ones before it)."""
+    path = Path(path)  # a plain loop hands its --checkpoint string (loadout.save_checkpoint)
     state = {"format": FORMAT, **{name: part.state_dict() for name, part in parts.items()}}
     try:
         write_atomic(path, lambda f: torch.save(state, f), keep=keep)

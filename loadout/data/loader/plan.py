@@ -136,7 +136,7 @@ class LoaderPlan:
 
         kwargs = dict(num_workers=self.num_workers, pin_memory=self.pin_memory, in_order=data.in_order)
         if self.num_workers > 0:
-            kwargs.update({key: data[key] for key in WORKER_ONLY_KNOBS}, worker_init_fn=init_worker)
+            kwargs.update({key: getattr(data, key) for key in WORKER_ONLY_KNOBS}, worker_init_fn=init_worker)
             if data.timeout is None:
                 kwargs["timeout"] = STUCK_WORKER_TIMEOUT_S
         return kwargs
