@@ -5,7 +5,7 @@ device prefetcher, per-sample seeded augmentation); a checkpoint keeps the loade
 continues at the exact next sample, also mid-epoch; the doctor says after each epoch what bound it. Only loadout,
 torch and torchvision are imported: the template (train/) is not needed.
 
-    pip install loadout                                   # or `pip install .` in a loadout checkout
+    pip install .                                         # in a loadout checkout: loadout and its dependencies
     python train.py DIR --epochs 2 -b 64 -j 4             # DIR/train/<class>/<image>, DIR/val/<class>/<image>
     python train.py DIR --epochs 2 -b 64 -j 4 --resume checkpoint.pt
 
