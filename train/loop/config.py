@@ -21,8 +21,8 @@ OnNonfinite = StrEnum("OnNonfinite", ["stop", "skip"])
 
 @dataclass
 class ProfilerConfig:
-    """trainer.profiler (debug=profiler; train/loop/profiling.py): torch.profiler over `active` steps after `wait` +
-    `warmup`."""
+    """trainer.profiler (debug=profiler; loadout/observe/profiling.py): torch.profiler over `active` steps after `wait`
+    + `warmup`."""
 
     enabled: bool = False
     wait: int = 5  # steps skipped first (start-up, the first batches, compilation)

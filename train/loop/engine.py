@@ -30,6 +30,7 @@ from loadout.observe.epoch_counts import EpochCounts
 from loadout.observe.meter import EpochMeter, SourceTally, append_jsonl, reduce_over_ranks
 from loadout.observe.metrics import epoch_line
 from loadout.observe.monitoring import Monitor
+from loadout.observe.profiling import StepProfiler
 from loadout.runtime import checkpoint
 from loadout.runtime.micro_batch import said_in_one_line
 from loadout.runtime.stop import StopSignal
@@ -39,7 +40,6 @@ from train.loop.config import TrainerConfig
 from train.loop.epoch_batches import EpochBatches, batches_per_epoch
 from train.loop.evaluate import Evaluation
 from train.loop.hooks import Autotuning, Hooks, Profiling, ProgressLines, Tracking
-from train.loop.profiling import StepProfiler
 from train.loop.progress import Plan, Progress
 from train.loop.step import TrainStep
 from train.task import Task, build_task

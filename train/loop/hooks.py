@@ -59,8 +59,8 @@ class ProgressLines:
 
 
 class Profiling:
-    """trainer.profiler: torch.profiler over a window of the optimizer steps (train/loop/profiling.py), started with
-    the first epoch."""
+    """trainer.profiler: torch.profiler over a window of the optimizer steps (loadout/observe/profiling.py), started
+    with the first epoch."""
 
     def __init__(self, make_profiler: Callable[[], object]):
         self.make_profiler, self.profiler = make_profiler, None

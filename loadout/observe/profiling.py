@@ -12,7 +12,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from loadout.dist import DistEnv
-from train.loop.config import ProfilerConfig
 
 log = logging.getLogger(__name__)
 VIEWERS = "open it in https://ui.perfetto.dev or chrome://tracing"
@@ -29,9 +28,10 @@ def quiet_without_cuda() -> None:
 
 class StepProfiler:
     """Started with the training loop, stepped after each optimizer step; every rank writes its own trace (named
-    by host and pid), rank 0 logs the table."""
+    by host and pid), rank 0 logs the table. `pc`: the trainer.profiler section (wait, warmup, active, rows,
+    record_shapes, profile_memory, with_stack)."""
 
-    def __init__(self, pc: ProfilerConfig, run_dir: Path, device: torch.device, env: DistEnv):
+    def __init__(self, pc, run_dir: Path, device: torch.device, env: DistEnv):
         self.pc, self.dir, self.env = pc, run_dir / "profiler", env
         self.sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
