@@ -17,14 +17,14 @@ from loadout.data import build_sources
 from loadout.data.config import drop_worker_knobs
 from loadout.dist import DistEnv
 from loadout.errors import ConfigError
+from loadout.run.overrides import check_command_line
 from loadout.runtime import checkpoint
 from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
 from train.augment import BatchMix
-from train.config import validate
+from train.config import SCHEMA, validate
 from train.job import data_from_config
 from train.loop.model import build_model
 from train.loop.step import TrainStep
-from train.overrides import check_command_line
 from train.task import Classification
 
 CPU = torch.device("cpu")
@@ -227,7 +227,7 @@ def test_only_a_typed_contradiction_fails():
 ])
 def test_a_typo_names_the_closest_real_key_in_one_line(override, message):
     with pytest.raises(ConfigError) as err:
-        check_command_line([override])
+        check_command_line([override], SCHEMA)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 

@@ -133,10 +133,11 @@ def test_under_torchrun_a_profile_worker_count_is_capped_in_one_line(small_run_a
     ("trainer.compile_mode=fast", "takes one of default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
 ])
 def test_a_closed_choice_names_its_choices_in_one_line(override, line):
-    from train.overrides import check_command_line
+    from loadout.run.overrides import check_command_line
+    from train.config import SCHEMA
 
     with pytest.raises(ConfigError) as err:
-        check_command_line([override])
+        check_command_line([override], SCHEMA)
     assert line in str(err.value) and "\n" not in str(err.value)
 
 
@@ -181,16 +182,18 @@ def old_run_dir(root: Path, overrides: str, saved_dataset: str) -> Path:
 
 
 def test_the_store_settings_left_data_and_an_old_run_replays_them_under_dataset(tmp_path):
+    from loadout.run.overrides import check_command_line
     from loadout.run.resume_run import replay
-    from train.overrides import check_command_line
+    from train.config import SCHEMA
 
     for dataset in ("shards", "imagefolder"):  # a moved key is named whichever dataset is chosen
         with pytest.raises(ConfigError, match="^data.shard_cache_dir: did you mean dataset.cache_dir"):
-            check_command_line([f"dataset={dataset}", "data.shard_cache_dir=/c"])
+            check_command_line([f"dataset={dataset}", "data.shard_cache_dir=/c"], SCHEMA)
     shards = old_run_dir(tmp_path / "shards", "- dataset=shards\n- data.shuffle_window=2\n- data.prefetch_shards=0\n"
                          "- data.shard_cache_dir=/c\n", "  _target_: x\n  cache_dir: ${data.shard_cache_dir}\n"
                          "  shuffle_window: ${data.shuffle_window}\n  prefetch_shards: 8\n")
-    cfg = check_command_line([o for o in replay(["trainer.resume=auto"], shards) if not o.startswith("hydra.")])
+    cfg = check_command_line([o for o in replay(["trainer.resume=auto"], shards) if not o.startswith("hydra.")],
+                             SCHEMA)
     assert (cfg.dataset.shuffle_window, cfg.dataset.prefetch_shards, cfg.dataset.cache_dir) == (2, 0, "/c")
     # a folder never read them: they are left out; a mix source's spec that quoted one gets the run's value
     folder = old_run_dir(tmp_path / "folder", "- data.prefetch_shards=0\n- data.shuffle_window=3\n",
@@ -202,7 +205,7 @@ def test_the_store_settings_left_data_and_an_old_run_replays_them_under_dataset(
     argv = replay(["trainer.resume=auto"], mix)
     assert argv[:2] == ["dataset=mix", "+dataset.sources.web={_target_: loadout.data.datasets.ShardSource, weight: 1, "
                         'cache_dir: "/old-cache"}']
-    cfg = check_command_line([o for o in argv if not o.startswith("hydra.")])
+    cfg = check_command_line([o for o in argv if not o.startswith("hydra.")], SCHEMA)
     assert cfg.dataset.sources.web.cache_dir == "/old-cache"
 
 

@@ -162,11 +162,12 @@ def test_an_old_checkpoints_best_val_acc_becomes_the_best(tmp_path):
 
 
 def test_the_old_label_smoothing_key_names_the_new_one():
-    from train.overrides import check_command_line
+    from loadout.run.overrides import check_command_line
+    from train.config import SCHEMA
 
     with pytest.raises(ConfigError, match=r"^trainer.label_smoothing: .*task.label_smoothing"):
-        check_command_line(["trainer.label_smoothing=0.1"])
-    assert check_command_line(["task.label_smoothing=0.1"]).task.label_smoothing == 0.1
+        check_command_line(["trainer.label_smoothing=0.1"], SCHEMA)
+    assert check_command_line(["task.label_smoothing=0.1"], SCHEMA).task.label_smoothing == 0.1
 
 
 class Masks:

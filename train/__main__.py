@@ -60,9 +60,9 @@ def prepare(argv: list[str]) -> list[str]:
     from loadout.credentials import without_credentials
     from loadout.dist import DistEnv, hydra_rank_overrides
     from loadout.errors import ConfigError
+    from loadout.run.overrides import check_command_line
     from loadout.run.resume_run import check_unchanged, replay, resumed_dir
-    from train.config import register
-    from train.overrides import check_command_line
+    from train.config import SCHEMA, register
 
     register()
     quiet = hydra_rank_overrides(DistEnv.from_env())
@@ -75,7 +75,7 @@ def prepare(argv: list[str]) -> list[str]:
             resumed = resumed_dir(overrides)
             if resumed is not None:
                 overrides = replay(overrides, resumed)
-            cfg = check_command_line(overrides)
+            cfg = check_command_line(overrides, SCHEMA)
             if resumed is not None:
                 check_unchanged(resumed, cfg)
         except ConfigError as err:

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from loadout.data.config import DataConfig, check_data
 from loadout.errors import bad_value
+from loadout.run.overrides import Schema
 from train.loop.config import TrainerConfig, check_trainer
 
 # `_target_` specs (conf/<group>/)
@@ -51,6 +52,10 @@ def register() -> None:
         from loadout.run.run_dir import run_dir_name
 
         OmegaConf.register_new_resolver("run_dir_name", run_dir_name, use_cache=True)
+
+
+# What `python -m train`'s command line is checked against (loadout/run/overrides.py), before Hydra runs.
+SCHEMA = Schema(LoadoutConfig, SWAPPABLE_GROUPS, register)
 
 
 def validate(cfg: Any) -> None:

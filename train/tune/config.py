@@ -20,8 +20,8 @@ from omegaconf.errors import ValidationError
 from loadout.data.config import drop_worker_knobs
 from loadout.data.loader.plan import usable_cores
 from loadout.errors import ConfigError, bad_value
-from train.config import register, validate
-from train.overrides import wrong_type
+from loadout.run.overrides import wrong_type
+from train.config import LoadoutConfig, register, validate
 
 
 @dataclass
@@ -87,7 +87,7 @@ def check_sweep(config_name: str, overrides: list[str]) -> int:
             cfg = compose(config_name=config_name, overrides=job)
         except HydraException as err:
             if isinstance(err.__cause__, ValidationError) and getattr(err.__cause__, "full_key", None):
-                raise ConfigError(wrong_type(err.__cause__.full_key, job)) from None
+                raise ConfigError(wrong_type(err.__cause__.full_key, job, LoadoutConfig)) from None
             cause = str(err.__cause__ or "").splitlines()[:1]
             raise ConfigError("; ".join([str(err).splitlines()[0], *cause])) from err
         OmegaConf.resolve(cfg)

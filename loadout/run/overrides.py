@@ -1,5 +1,5 @@
 """The command line checked before Hydra runs: its composition errors, several lines long and ending with advice that
-struct mode rejects, become one line naming the key and the fix."""
+struct mode rejects, become one line naming the key and the fix. The template hands in its schema (`Schema`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import dataclasses
 import difflib
 import re
 import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -17,32 +19,41 @@ from omegaconf.errors import ValidationError
 from loadout.errors import ConfigError
 from loadout.run.cli_help import CONF, options
 from loadout.run.resume_run import MOVED_KEYS
-from train.config import SWAPPABLE_GROUPS, LoadoutConfig, register
 
 # How a schema type reads in an error: `data.batch_size=abc: takes an integer`.
 TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
-def check_command_line(overrides: list[str], config_name: str = "config") -> DictConfig:
+@dataclass(frozen=True)
+class Schema:
+    """What a command line is checked against: the config's root dataclass, the groups whose `_target_` may name a
+    class of your own (their keys are free-form), and what registers the schema and resolvers with Hydra."""
+
+    root: type
+    swappable: tuple[str, ...]
+    register: Callable[[], None]
+
+
+def check_command_line(overrides: list[str], schema: Schema, config_name: str = "config") -> DictConfig:
     """Compose the config as `python -m train` will and return it, turning Hydra's composition errors into one line
     naming the key and the fix: a typo names the closest real key, an unknown group option the closest ones there
     are (also in the `optional` groups, which Hydra would silently leave out), a wrong type what the key takes."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException, MissingConfigException
 
-    register()
+    schema.register()
     searched = _search_dirs(overrides)
     for override in overrides:
-        _check_group_option(override, searched)
+        _check_group_option(override, searched, schema.swappable)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         try:
             return compose(config_name=config_name, overrides=overrides)
         except MissingConfigException as err:
-            raise ConfigError(_missing_option(err)) from None
+            raise ConfigError(_missing_option(err, schema.swappable)) from None
         except HydraException as err:
             cause = err.__cause__
             if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
-                raise ConfigError(wrong_type(cause.full_key, overrides)) from None
+                raise ConfigError(wrong_type(cause.full_key, overrides, schema.root)) from None
             text = f"{err} {cause or ''}"
             match = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", text)
             if match is None:
@@ -51,10 +62,10 @@ def check_command_line(overrides: list[str], config_name: str = "config") -> Dic
             groups = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0].lstrip("+~")]
             known = _dotted_keys(OmegaConf.to_container(compose(config_name=config_name, overrides=groups)))
             moved = f"did you mean {MOVED_KEYS[key]}?" if key in MOVED_KEYS else None
-            raise ConfigError(f"{key}: {moved or _closest(key, known)}") from None
+            raise ConfigError(f"{key}: {moved or _closest(key, known, schema.swappable)}") from None
 
 
-def _closest(key: str, known: list[str]) -> str:
+def _closest(key: str, known: list[str], swappable: tuple[str, ...]) -> str:
     """The fix for an unknown key: the closest real one (whole, else by its last part)."""
     by_leaf = {k.rsplit(".", 1)[-1]: k for k in known}
     leaf = key.rsplit(".", 1)[-1]
@@ -63,7 +74,7 @@ def _closest(key: str, known: list[str]) -> str:
         near = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
         close = [by_leaf[near[0]]] if near else []
     hint = f"did you mean {close[0]}?" if close else "no such key (`python -m train --cfg job` lists them)"
-    if key.split(".", 1)[0] in SWAPPABLE_GROUPS:  # free-form sections: a key of your own is welcome with a +
+    if key.split(".", 1)[0] in swappable:  # free-form sections: a key of your own is welcome with a +
         hint += f" A new argument for your own class takes a leading +: +{key}=..."
     return hint
 
@@ -83,7 +94,7 @@ def _search_dirs(overrides: list[str]) -> list[Path] | None:
     return dirs
 
 
-def _check_group_option(override: str, searched: list[Path] | None) -> None:
+def _check_group_option(override: str, searched: list[Path] | None, swappable: tuple[str, ...]) -> None:
     """`debug=fast`, `logger=[tensorboard,wandbb]`: every option named must be a conf/<group>/<option>.yaml, or one
     in a folder `hydra.searchpath` adds."""
     key, sep, value = override.partition("=")
@@ -93,31 +104,31 @@ def _check_group_option(override: str, searched: list[Path] | None) -> None:
     for name in filter(None, (part.strip() for part in value.strip().strip("[]").split(","))):
         if name != "null" and name not in options(group) and not any(
                 (folder / group / f"{name}.yaml").is_file() for folder in searched):
-            raise ConfigError(_unknown_option(group, name))
+            raise ConfigError(_unknown_option(group, name, swappable))
 
 
-def _unknown_option(group: str, name: str) -> str:
+def _unknown_option(group: str, name: str, swappable: tuple[str, ...]) -> str:
     """One line: the closest options and all of them."""
     known = options(group)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    own = f" (or point {group}._target_ at a class of your own)" if group in SWAPPABLE_GROUPS else ""
+    own = f" (or point {group}._target_ at a class of your own)" if group in swappable else ""
     hint = f"; did you mean {group}={close[0]}?" if close else ""
     return f"{group}={name}: no conf/{group}/{name}.yaml; choose one of {', '.join(known)}{own}{hint}"
 
 
-def _missing_option(err) -> str:
+def _missing_option(err, swappable: tuple[str, ...]) -> str:
     """A group option Hydra could not load (one `_check_group_option` did not see, e.g. a nested group)."""
     missing = getattr(err, "missing_cfg_file", "") or ""
     group, _, name = missing.rpartition("/")
     if not group:
         return str(err).strip().splitlines()[0]
-    return _unknown_option(group, name)
+    return _unknown_option(group, name, swappable)
 
 
-def wrong_type(key: str, overrides: list[str]) -> str:
-    """`data.batch_size=abc`: the key, what it takes (from the schema) and the value given."""
+def wrong_type(key: str, overrides: list[str], root: type) -> str:
+    """`data.batch_size=abc`: the key, what it takes (from the schema's `root` dataclass) and the value given."""
     given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == key), "?")
-    node: Any = LoadoutConfig
+    node: Any = root
     for part in key.split("."):
         node = typing.get_type_hints(node).get(part) if dataclasses.is_dataclass(node) else None
     if node is None or node is Any:
