@@ -19,8 +19,8 @@ from tqdm import tqdm
 from loadout.errors import ConfigError
 from loadout.tune.profile import pick_best, profile_text, write_profile
 from loadout.tune.report import describe_machine, gather, machine_info, table, write_report
+from loadout.tune.timing import progress_bar
 from train.tune.config import check_sweep
-from train.tune.measure import progress_bar
 
 log = logging.getLogger("train.tune")
 

@@ -1,16 +1,12 @@
-"""One tune job: build the real data path (loadout.data.build_data), run `tune.repeats` epochs of it and return the
-result record: steady-state images/s (warm-up excluded; median and spread over the epochs), the first-batch latency
-of every epoch, peak PSS of the main process plus workers, peak /dev/shm use and, with tune.with_model=true, the
-data-wait fraction of real training steps (train/loop/step.py). Every figure is loadout/observe/metrics.py's definition.
-"""
+"""One tune job: the real data path (loadout.data.build_data) and, with tune.with_model=true, the model and step of
+python -m train (train/loop/step.py), built from the job's config and timed by loadout/tune/timing.py: the result
+record of the job."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import statistics
-import sys
 import warnings
 from pathlib import Path
 
@@ -18,7 +14,6 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from loadout.build import instantiate
 from loadout.data import build_data, build_sources
@@ -26,11 +21,11 @@ from loadout.data.config import drop_worker_knobs
 from loadout.data.loader.plan import LoaderPlan
 from loadout.device import select_device
 from loadout.dist import DistEnv, seed_everything
-from loadout.errors import MIB, bad_value
+from loadout.errors import bad_value
 from loadout.observe.memory import MemorySampler
-from loadout.observe.meter import EpochMeter
 from loadout.runtime.precision import native_bf16
 from loadout.tune import cpu_precision
+from loadout.tune.timing import timed_epochs
 from train.loop.model import build_model
 from train.loop.step import TrainStep
 from train.task import build_task
@@ -46,40 +41,6 @@ PROFILE_KEYS = {
     "model": ("name",),
     "trainer": ("device", "precision", "channels_last"),
 }
-
-
-def progress_bar(total: int, desc: str, show: bool, **kwargs) -> tqdm:
-    """A tqdm bar on a terminal only: in a log (stderr not a terminal) a bar's redraws are debris around the table."""
-    return tqdm(total=total, desc=desc, disable=not (show and sys.stderr.isatty()), dynamic_ncols=True, **kwargs)
-
-
-def time_epoch(batches, device: torch.device, warmup: int, limit: int | None, step: TrainStep | None, bar) -> dict:
-    """Iterate one epoch (or `warmup + limit` batches of it) through the EpochMeter; the figures count the batches
-    after the warm-up."""
-    meter = EpochMeter(device)  # memory is sampled on its own thread, outside the timing
-    iterator = iter(batches)
-    try:
-        for index, batch in enumerate(iterator):
-            meter.waited()
-            if step is not None and len(batch):
-                step(batch)
-            meter.stepped(len(batch))
-            bar.update(1)
-            if index == warmup - 1:
-                meter.restart()
-            if limit is not None and index + 1 >= warmup + limit:
-                break
-    finally:
-        iterator.close()  # ends this epoch's worker processes unless they are persistent
-    summary = meter.summary()
-    return {"first_batch_s": summary["first_batch_s"], "images": summary["images"], "elapsed_s": summary["epoch_s"],
-            "images_per_s": summary["images_per_s"], "data_stall_frac": summary["data_wait_frac"]}
-
-
-def spread(samples: list[float]) -> float:
-    """(max - min) / median: how much the repetitions disagree."""
-    median = statistics.median(samples)
-    return (max(samples) - min(samples)) / median if median > 0 else 0.0
 
 
 def effective_settings(cfg: DictConfig, num_workers: int, pin_memory: bool) -> dict:
@@ -179,7 +140,7 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
 
     tune = cfg.tune
     seed_everything(cfg.trainer.seed, env)
-    sampler = MemorySampler()
+    sampler = MemorySampler()  # before the loaders: its /dev/shm figure counts their ring
     recipe = instantiate("augment", cfg.augment)
     task = build_task(cfg)
     pipeline = build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan.for_task(task), env,
@@ -201,32 +162,9 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
         step = TrainStep.from_config(cfg, env, device, model, total_steps=tune.repeats * len(loader), task=task)
         step.ddp.train()
         record["precision"] = step.precision
-    per_epoch = min(len(loader), tune.warmup_batches + (tune.batches or len(loader)))
     desc = f"job {job}: workers={num_workers} pin={pin_memory} persistent={cfg.data.persistent_workers}"
-    bar = progress_bar(tune.repeats * per_epoch, desc, cfg.trainer.progress, leave=False)
-    epochs = []
-    sampler.start(tune.memory_interval_s)
-    try:
-        for epoch in range(tune.repeats):
-            pipeline.set_epoch(epoch)
-            epochs.append(time_epoch(loader, device, tune.warmup_batches, tune.batches, step, bar))
-    finally:
-        sampler.stop()
-        bar.close()
-        pipeline.close()  # persistent workers end here, before the next job's start
-    throughput = [e["images_per_s"] for e in epochs]
-    record.update(
-        status="ok",
-        dataset=dataset,
-        images_per_s=statistics.median(throughput),
-        images_per_s_min=min(throughput),
-        images_per_s_max=max(throughput),
-        images_per_s_spread=spread(throughput),
-        images_per_s_samples=throughput,
-        first_batch_s=[e["first_batch_s"] for e in epochs],
-        peak_pss_mb=sampler.peak_pss / MIB,
-        peak_shm_mb=sampler.peak_shm / MIB,
-        data_stall_frac=statistics.median(e["data_stall_frac"] for e in epochs) if tune.with_model else None,
-        timed_batches_per_epoch=per_epoch - tune.warmup_batches,
-    )
+    figures = timed_epochs(pipeline, device, sampler, repeats=tune.repeats, warmup=tune.warmup_batches,
+                           batches=tune.batches, step=step, desc=desc, show=cfg.trainer.progress,
+                           memory_interval_s=tune.memory_interval_s)
+    record.update(status="ok", dataset=dataset, **figures)
     return record
