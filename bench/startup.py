@@ -15,8 +15,10 @@ cut short (hardware=cpu, the embedded dataset, the default logger, trainer.limit
 
 `--baseline DIR`: also time `python -m train` from another checkout (e.g. `git worktree add /tmp/before <commit>`),
 same interpreter, same rounds. Targets: loadout <= eager (imported lazily, they cost a run that does not use them
-nothing), loadout - floor <= 1 CPU second (what loadout itself adds: Hydra's composition, twice (the command line is
-checked before Hydra starts), the data and model built, the workers started).
+nothing), loadout - floor <= 0.5 CPU seconds (what loadout itself adds: Hydra's composition, twice (the command line
+is checked before Hydra starts), the data and model built, the workers started). Each process's wall time to its exit
+is printed too: an interpreter holding torch spends over a second collecting garbage at exit unless the imports'
+objects are frozen (train/__main__.py).
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ def run_args(data: Path, run_dir: Path) -> list[str]:
             "trainer.progress=false", "+callbacks.startup._target_=startup.FirstStep", f"hydra.run.dir={run_dir}"]
 
 
-def seconds_to_first_step(command: list[str], cwd: Path, tmp: Path) -> tuple[float, float]:
-    """Wall seconds from just before `command` starts to its first training step (it must train), and its CPU
-    seconds by then."""
+def seconds_to_first_step(command: list[str], cwd: Path, tmp: Path) -> tuple[float, float, float]:
+    """Wall seconds from just before `command` starts to its first training step (it must train), its CPU seconds
+    by then, and wall seconds to its exit (the process's teardown included)."""
     probe = tmp / f"probe-{time.monotonic_ns()}"
     env = {**os.environ, "STARTUP_PROBE": str(probe),
            "PYTHONPATH": os.pathsep.join([str(cwd), str(Path(__file__).resolve().parent)])}
@@ -66,15 +68,17 @@ def seconds_to_first_step(command: list[str], cwd: Path, tmp: Path) -> tuple[flo
     if done.returncode != 0 or not probe.exists():
         raise SystemExit(f"startup: {' '.join(command[:4])} ... failed (exit {done.returncode}): "
                          f"{done.stderr.strip().splitlines()[-1:]}")
+    ended = time.time()
     wall, cpu = map(float, probe.read_text().split())
-    return wall - start, cpu
+    return wall - start, cpu, ended - start
 
 
-def seconds_to_import(modules: str) -> tuple[float, float]:
+def seconds_to_import(modules: str) -> tuple[float, float, float]:
     start = time.time()
-    done = subprocess.run([sys.executable, "-c", f"import time, {modules}; print(time.process_time())"], check=True,
-                          capture_output=True, text=True)
-    return time.time() - start, float(done.stdout)
+    done = subprocess.run([sys.executable, "-c", f"import time, {modules}; print(time.time(), time.process_time())"],
+                          check=True, capture_output=True, text=True)
+    imported, cpu = map(float, done.stdout.split())
+    return imported - start, cpu, time.time() - start
 
 
 def main() -> int:
@@ -85,7 +89,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args()
     optional = [name for name in OPTIONAL if importlib.util.find_spec(name.partition(".")[0]) is not None]
-    times: dict[str, list[tuple[float, float]]] = {"loadout": [], "eager": [], "floor": [], "baseline": []}
+    times: dict[str, list[tuple[float, float, float]]] = {"loadout": [], "eager": [], "floor": [], "baseline": []}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         for round_ in range(args.rounds):
@@ -97,19 +101,20 @@ def main() -> int:
             if args.baseline:
                 before = [sys.executable, "-m", "train", *run_args(DATA, tmp / f"b{round_}")]
                 times["baseline"].append(seconds_to_first_step(before, args.baseline.resolve(), tmp))
-    wall = {name: statistics.median(w for w, _ in pairs) for name, pairs in times.items() if pairs}
-    cpu = {name: statistics.median(c for _, c in pairs) for name, pairs in times.items() if pairs}
-    shown = ", ".join(f"{name} {wall[name]:.2f} s wall / {cpu[name]:.2f} s CPU" for name in wall)
+    wall, cpu, whole = ({name: statistics.median(row[at] for row in rows) for name, rows in times.items() if rows}
+                        for at in range(3))
+    shown = ", ".join(f"{name} {wall[name]:.2f} s wall / {cpu[name]:.2f} s CPU ({whole[name]:.2f} s to exit)"
+                      for name in wall)
     detail = f"medians of {args.rounds}: {shown}; eager preloads {', '.join(optional)}; {machine()}"
     lazy = cpu["loadout"] / cpu["eager"]
     report("startup: CPU seconds to the first step, loadout over eager imports", lazy, "<= 1.00", lazy <= 1.0, detail)
     added = cpu["loadout"] - cpu["floor"]
-    report("startup: CPU seconds loadout adds to importing torch, torchvision, hydra", added, "<= 1.0", added <= 1.0,
+    report("startup: CPU seconds loadout adds to importing torch, torchvision, hydra", added, "<= 0.5", added <= 0.5,
            detail)
     if args.baseline:
         print(f"startup: CPU seconds to the first step, this checkout over {args.baseline}: "
               f"{cpu['loadout'] / cpu['baseline']:.2f} (wall {wall['loadout'] / wall['baseline']:.2f})  [{detail}]")
-    return 0 if lazy <= 1.0 and added <= 1.0 else 1
+    return 0 if lazy <= 1.0 and added <= 0.5 else 1
 
 
 if __name__ == "__main__":
