@@ -2,7 +2,8 @@
 
 torchdata is in maintenance (no new development since 2025), so its behaviour is pinned: pyproject.toml bounds its
 version and tests/test_stateful.py fails loudly the day either of the two private hooks below changes.
-- `shutdown_workers`: DataLoader has no public way to end persistent workers now; its iterator does.
+- `shutdown_workers`: DataLoader has no public way to end persistent workers now; its iterator does. A `Loader` also
+  ends them when it is collected (below), the iterator's queues still whole.
 - `forget_loaded_state`: `load_state_dict` parks the state for the next `iter()`; a seek after it must drop it.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -19,8 +21,26 @@ _said: set[str] = set()  # the advice already logged by this process
 
 
 class Loader(StatefulDataLoader):
-    """StatefulDataLoader whose worker-count advice is one log line a process: DataLoader warns at construction and
-    at every iterator, with its source line (four times for a run's two loaders)."""
+    """StatefulDataLoader whose workers end as soon as it is collected, and whose worker-count advice is one log line
+    a process (DataLoader warns at construction and at every iterator, with its source line: four times for a run's
+    two loaders).
+
+    A loader dropped without `shutdown_workers` (a notebook's, a test's, a pipeline never closed) is often in a
+    reference cycle with its iterator; the collector may then finalize the iterator's queues before the iterator,
+    whose workers never get their exit message and are each killed only after DataLoader's 5 s join timeout, at
+    whatever later line the collector happened to run. A finalizer on the loader runs before any of that (weakref
+    callbacks precede finalizers in a collection) and ends the workers while their queues work."""
+
+    _ender: weakref.finalize | None = None
+
+    def _get_iterator(self):
+        iterator = super()._get_iterator()
+        if self.num_workers > 0:
+            if self._ender is not None:
+                self._ender.detach()  # the iterator it ends is being replaced: its own finalizer ends it
+            self._ender = weakref.finalize(self, iterator._shutdown_workers)  # holds the iterator, not the loader
+            self._ender.atexit = False  # at exit DataLoader's own handling stands
+        return iterator
 
     def check_worker_number_rationality(self) -> None:
         with warnings.catch_warnings(record=True) as caught:
