@@ -29,12 +29,14 @@ CHECKED_FLAGS = {"--cfg", "-c", "--package", "-p", "--resolve"}  # with others (
 
 def task(cfg) -> None:
     """Hydra's job (imported here, so `--help` never waits for torch)."""
+    from loadout.runtime.allocation import keep_large_blocks
     from train.job import main
 
-    # The ~1 M objects the imports made (torch, torchvision, Hydra) live as long as the process: freezing them keeps
+    # The ~350 k objects the imports made (torch, torchvision, Hydra) live as long as the process: freezing them keeps
     # every full collection, and the one at exit (over a second), from walking them again, and keeps forked workers
     # from copying their pages (the gc module's documented use before fork).
     gc.freeze()
+    keep_large_blocks()  # batch-sized host tensors reuse their pages, in this process and its workers
     main(cfg)
 
 

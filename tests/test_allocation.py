@@ -1,0 +1,33 @@
+"""loadout/runtime/allocation.py: after `keep_large_blocks`, a batch-sized block freed and made again reuses its
+pages instead of faulting in fresh ones (counted by the kernel, in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+FAULTS_PER_ROUND = """
+import resource, sys
+from loadout.runtime.allocation import keep_large_blocks
+if sys.argv[1] == "kept":
+    assert keep_large_blocks()
+for _ in range(6):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = bytearray(40 << 20)  # over glibc's largest default mmap threshold (32 MiB), every page written
+    del block
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def faults(mode: str) -> list[int]:
+    done = subprocess.run([sys.executable, "-c", FAULTS_PER_ROUND, mode], cwd=ROOT, capture_output=True, text=True,
+                          check=True)
+    return [int(line) for line in done.stdout.split()]
+
+
+def test_a_freed_batch_sized_block_is_reused_without_page_faults():
+    pages = (40 << 20) // 4096
+    assert min(faults("default")) > pages // 2  # glibc's default: a fresh mapping every time
+    assert max(faults("kept")[2:]) < pages // 100  # the heap's pages, already there
