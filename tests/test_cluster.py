@@ -87,17 +87,6 @@ def sbatch(args: list[str], cwd: Path) -> str:
 
 
 @pytest.mark.slow
-def test_sbatch_job_file_trains_a_run_to_the_end(slurm, cluster_dataset, tmp_path):
-    job = sbatch(train_args(cluster_dataset, "trainer.epochs=1", record=False), tmp_path)
-    info = wait_for_job_end(job, timeout=300)
-    log = (tmp_path / f"slurm-{job}.out").read_text()
-    assert info["JobState"] == "COMPLETED", log[-3000:]
-    run_dir = tmp_path / "outputs" / "torchrun" / job  # the job id names the run dir
-    assert [r["epoch"] for r in read_metrics(run_dir)] == [1]
-    assert read_metrics(run_dir)[0]["images"] == TRAIN
-
-
-@pytest.mark.slow
 def test_preempted_job_requeues_and_continues_its_run_each_sample_once(slurm, cluster_dataset, tmp_path):
     job = sbatch(train_args(cluster_dataset), tmp_path)
     run_dir = tmp_path / "outputs" / "torchrun" / job

@@ -100,15 +100,6 @@ def mid_epoch_two(run_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_nodes_over_veth_train_one_run(hosts, net_dataset, tmp_path):
-    finish(agent(hosts, "a", net_dataset, tmp_path, "net1"), agent(hosts, "b", net_dataset, tmp_path, "net1"))
-    run_dir = tmp_path / "outputs" / "torchrun" / "net1"
-    assert [r["epoch"] for r in read_metrics(run_dir)] == [1, 2] and all(r["images"] == TRAIN
-                                                                          for r in read_metrics(run_dir))
-    assert_each_sample_once(run_dir, epochs=2, ranks=2, dataset_size=TRAIN, per_rank=TRAIN // 2)
-
-
-@pytest.mark.slow
 def test_a_node_killed_and_started_again_resumes_the_job(hosts, net_dataset, tmp_path):
     node_a = agent(hosts, "a", net_dataset, tmp_path, "net2", max_restarts=2)
     node_b = agent(hosts, "b", net_dataset, tmp_path, "net2", max_restarts=2)
@@ -139,7 +130,7 @@ def test_a_link_down_fails_within_the_timeout_naming_the_lost_node_and_a_restart
         out_a = node_a.communicate(timeout=180)[0]
         failed_after = time.monotonic() - down
         try:  # the cut-off node's torchrun agent may wait on the unreachable store: kill it, as srun
-            node_b.communicate(timeout=30)  # --kill-on-bad-exit (train.sbatch) or a failed PyTorchJob would
+            node_b.communicate(timeout=10)  # --kill-on-bad-exit (train.sbatch) or a failed PyTorchJob would
         except subprocess.TimeoutExpired:
             kill_node(node_b)
             node_b.communicate()
