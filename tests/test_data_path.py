@@ -28,7 +28,7 @@ from loadout.data.loader.stream import EpochBatchSampler, build_train_stream
 from loadout.data.loader.workers import init_worker
 from loadout.data.samples import Samples
 from loadout.data.seeds import loader_seed, sample_seed, sample_seeds
-from loadout.data.transforms import MEAN, STD, DirectCompose, fit_square
+from loadout.data.transforms import MEAN, STD, DeviceNormalize, DirectCompose, fit_square
 from loadout.dist import DistEnv
 from loadout.errors import ConfigError
 from scripts.pack_dataset import pack_split
@@ -421,6 +421,19 @@ def test_device_normalize_matches_worker_normalize(tiny_dataset):
     for a, b in zip(on_device, in_workers, strict=True):
         torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-5)
         assert torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 24, 40), (1, 3, 1, 7), (2, 3, 5, 1)])
+def test_a_channels_last_batch_normalizes_to_the_same_bits_as_the_plain_broadcast(shape):
+    """The pixel-line path (NHWC memory as rows) against (x - mean) / std broadcast over the batch as it comes."""
+    images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    normalize = DeviceNormalize(CPU)
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1) * 255, torch.tensor(STD).view(1, 3, 1, 1) * 255
+    for layout in (torch.channels_last, torch.contiguous_format):
+        batch = images.contiguous(memory_format=layout)
+        out = normalize(batch)
+        assert out.dtype == torch.float32 and out.is_contiguous(memory_format=layout)
+        assert torch.equal(out, batch.float().sub_(mean).div_(std))
 
 
 class ThreadsSeen(TorchFunctionMode):

@@ -138,20 +138,33 @@ def build_val_transform(data_cfg, input_size: int | None = None) -> DirectCompos
 
 
 class DeviceNormalize:
-    """uint8 NCHW -> float32 normalized with MEAN/STD, on whatever device the batch is on (one fused pass).
+    """uint8 NCHW -> float32 normalized with MEAN/STD, on whatever device the batch is on.
 
-    Mean and std are built on the host once and copied to the device at the first call, on the stream that call runs
-    on (the prefetcher's copy stream), so every later read on that stream is ordered after the copy."""
+    A channels_last batch is normalized as rows of pixel lines (N*H rows of W*3 values, the mean and std repeated W
+    times): broadcasting a (1, 3, 1, 1) mean over NHWC memory leaves an innermost loop of 3 values, which does not
+    vectorize (3.4x the CPU time a batch here). Each value goes through the same float ops either way, so the result is
+    bit for bit the same. Mean and std are built on the host once and copied to the device at the first call, on the
+    stream that call runs on (the prefetcher's copy stream), so every later read on that stream is ordered after the
+    copy."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self._host = (torch.tensor(MEAN).view(1, 3, 1, 1) * 255, torch.tensor(STD).view(1, 3, 1, 1) * 255)
         self._on_device: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # width -> the mean and std of a pixel line
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         if self._on_device is None:
             self._on_device = tuple(t.to(images.device) for t in self._host)
         mean, std = self._on_device
+        if images.dim() == 4 and not images.is_contiguous() and \
+                images.is_contiguous(memory_format=torch.channels_last):
+            n, c, h, w = images.shape
+            if w not in self._rows:
+                self._rows[w] = (mean.view(c).repeat(w), std.view(c).repeat(w))
+            line_mean, line_std = self._rows[w]
+            lines = images.permute(0, 2, 3, 1).reshape(n * h, w * c)  # a view of the NHWC memory
+            return torch.sub(lines, line_mean).div_(line_std).view(n, h, w, c).permute(0, 3, 1, 2)
         return images.float().sub_(mean).div_(std)
 
 
