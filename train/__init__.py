@@ -10,3 +10,8 @@ Where to look:
 - augment.py  the augmentation recipes (the segmentation recipe is loadout/data/seg_augment.py)
 - tune/       python -m train.tune: the loader sweep over the template's step
 """
+
+from loadout.runtime.process import idle_threads_sleep
+
+# `python -m train` and `python -m train.tune` import this package first, before torch loads its OpenMP runtime
+idle_threads_sleep()

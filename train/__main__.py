@@ -29,7 +29,7 @@ CHECKED_FLAGS = {"--cfg", "-c", "--package", "-p", "--resolve"}  # with others (
 
 def task(cfg) -> None:
     """Hydra's job (imported here, so `--help` never waits for torch)."""
-    from loadout.runtime.allocation import keep_large_blocks
+    from loadout.runtime.process import keep_large_blocks
     from train.job import main
 
     # The ~350 k objects the imports made (torch, torchvision, Hydra) live as long as the process: freezing them keeps

@@ -1,16 +1,19 @@
-"""loadout/runtime/allocation.py: after `keep_large_blocks`, a batch-sized block freed and made again reuses its
-pages instead of faulting in fresh ones (counted by the kernel, in a fresh interpreter)."""
+"""loadout/runtime/process.py: after `keep_large_blocks`, a batch-sized block freed and made again reuses its pages
+instead of faulting in fresh ones (counted by the kernel, in a fresh interpreter); idle OpenMP threads sleep unless
+the user said otherwise."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
+from loadout.runtime.process import idle_threads_sleep
 from tests.conftest import ROOT
 
 FAULTS_PER_ROUND = """
 import resource, sys
-from loadout.runtime.allocation import keep_large_blocks
+from loadout.runtime.process import keep_large_blocks
 if sys.argv[1] == "kept":
     assert keep_large_blocks()
 for _ in range(6):
@@ -31,3 +34,12 @@ def test_a_freed_batch_sized_block_is_reused_without_page_faults():
     pages = (40 << 20) // 4096
     assert min(faults("default")) > pages // 2  # glibc's default: a fresh mapping every time
     assert max(faults("kept")[2:]) < pages // 100  # the heap's pages, already there
+
+
+def test_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    idle_threads_sleep()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    idle_threads_sleep()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
