@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from loadout.data.datasets import ImageFolderDataset
-from loadout.data.loader.autotune import decide
+from loadout.data.loader.autotune import cores_free, decide
 from loadout.data.loader.plan import LoaderPlan
 from loadout.dist import DistEnv, seed_everything
 from loadout.observe.doctor import Finding
@@ -144,6 +144,13 @@ def test_a_change_goes_straight_to_the_workers_the_pace_asks_with_two_batches_in
     change = decide(slow_decode, PLAN, cap=6, pressure=None, extra_bytes=1)
     assert (change.num_workers, change.prefetch_factor) == (3, 2)
     assert decide(slow_decode, PLAN, cap=2, pressure=None, extra_bytes=1).num_workers == 2  # the cores' share
+
+
+def test_the_cores_free_are_those_the_main_process_leaves_never_fewer_than_the_share():
+    assert cores_free(1, 2.0, None) == 1  # not measured yet: 3/4 of the cores
+    assert cores_free(1, 2.0, 1.1) == 1  # a main process decoding every sample itself holds its core
+    assert cores_free(1, 2.0, 0.3) == 2  # one that mostly waits for its worker leaves its core to a second
+    assert cores_free(6, 8.0, 4.0) == 6  # a main process busy with its step never costs the share
 
 
 def test_at_the_cores_share_a_deeper_prefetch_only_where_the_workers_keep_the_pace_on_average():

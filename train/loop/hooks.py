@@ -85,6 +85,9 @@ class Autotuning:
     def __init__(self, autotune):
         self.autotune = autotune
 
+    def on_epoch_start(self, trainer) -> None:
+        self.autotune.epoch_started()
+
     def on_step(self, trainer, meter, updated: bool) -> None:
         self.autotune.during_epoch(trainer.progress.batch_in_epoch, trainer.batches.per_epoch, meter, trainer.doctor)
 

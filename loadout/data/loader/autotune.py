@@ -2,12 +2,16 @@
 within the first epoch of a long one.
 
 A stretch whose loop waited on the worker stages (read, decode, augment, collate) with cores free gets, in one
-change, the worker count the measured pace asks (worker time a sample / the step's time a sample), within the cores'
-share (plan.worker_share) and the memory left, and at least two batches in flight per worker: each change restarts
+change, the worker count the measured pace asks (worker time a sample / the step's time a sample), within the cores
+free and the memory left, and at least two batches in flight per worker: each change restarts
 the workers, so it goes straight to the target. With the workers at that share, a deeper prefetch only where the
 workers keep the step's pace on average and the loop still waited long (over twice WAITS: jitter a deeper queue
 absorbs, worth a restart); a loader slower than the step on average gains nothing from it. A compute-bound stretch,
 or one the loader keeps up with, changes nothing. When RAM or /dev/shm nears its limit it takes a worker away.
+The cores free are this process's share of the cores less what its main process really used over the stretch (its
+CPU seconds over the wall seconds, every thread counted), and never fewer than plan.worker_share's 3/4 of the cores:
+a main process that mostly waits for its workers leaves its core to them (on 2 cores, 2 workers rather than 1). A
+main process without workers loads every sample itself, so it is taken to hold its core.
 A change is a guess from the diagnosis: the next full stretch on the new plan is measured, and if its samples took
 longer than those before the change (by SLOWER), the plan goes back and stays (workers that cost the main process more
 in hand-offs than they save it in decoding, on a box whose cores the step already fills).
@@ -30,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from loadout.data.loader.plan import LoaderPlan, worker_share
+from loadout.data.loader.plan import LoaderPlan, usable_cores, worker_share
 from loadout.data.loader.shm import SHM_PATH, check_shm
 from loadout.data.loader.stages import since
 from loadout.dist import DistEnv, any_rank
@@ -77,6 +81,14 @@ def worker_bytes(sampler: MemorySampler | None) -> int:
     return sum(w.pss for w in workers) // len(workers) if workers else sample.main.uss
 
 
+def cores_free(share: int, cores: float, main_cores: float | None) -> int:
+    """The most workers: `cores` (this process's share of the machine's) less `main_cores` (what its main process
+    used, None before it is measured), rounded, and never fewer than `share` (plan.worker_share)."""
+    if main_cores is None:
+        return share
+    return max(share, math.floor(cores - main_cores + 0.5))
+
+
 def decide(finding: Finding | None, plan: LoaderPlan, cap: int, pressure: str | None,
            extra_bytes: int) -> Change | None:
     """The next plan's workers and prefetch, or None to keep `plan`. `cap`: the most workers the cores allow;
@@ -112,6 +124,15 @@ class Mark:
     wait_s: float
     images: int
     at: float
+    cpu: float  # the main process's CPU seconds, every thread
+
+
+def main_cores(mark: Mark | None) -> float | None:
+    """The cores the main process used since `mark`: its CPU seconds over the wall seconds."""
+    if mark is None:
+        return None
+    seconds = time.perf_counter() - mark.at
+    return (time.process_time() - mark.cpu) / seconds if seconds > 0 else None
 
 
 class Autotune:
@@ -121,6 +142,8 @@ class Autotune:
     def __init__(self, data, env: DistEnv, sampler: MemorySampler | None = None, cores: int | None = None):
         self.data, self.env, self.sampler = data, env, sampler  # data: the DataPipeline
         self.cap = worker_share(env.local_world_size, cores)
+        self.cores = (usable_cores() if cores is None else cores) / max(env.local_world_size, 1)  # this process's
+        self._epoch_mark: Mark | None = None  # where the epoch being trained began
         self._first_batch: int | None = None  # the batch this process's first epoch started after
         self._mark: Mark | None = None
         self._within_done = False  # the one within-epoch decision made (or not wanted)
@@ -128,9 +151,14 @@ class Autotune:
         self._before: tuple[int, int, float] | None = None  # the last change's plan before it, and its pace
         self.settled = False  # a change was undone: the plan stays (but for memory pressure)
 
+    def epoch_started(self) -> None:
+        """Where the main process's CPU use over the epoch is counted from."""
+        self._epoch_mark = Mark(None, 0.0, 0, time.perf_counter(), time.process_time())
+
     def after_epoch(self, finding: Finding | None) -> Change | None:
         """Collective under DDP: every rank calls it after the same epoch and applies the same change."""
         self._within_done = True
+        used, self._epoch_mark = main_cores(self._epoch_mark), None
         if self._changed_within:
             self._changed_within = False
             return None
@@ -144,7 +172,7 @@ class Autotune:
                        if slower else "another rank measured the change slower: undone")
                 self.apply(workers, prefetch, why)
                 return Change(workers, prefetch, why)
-        return self._agree(finding)
+        return self._agree(finding, used)
 
     def during_epoch(self, batch_in_epoch: int, per_epoch: int, meter, doctor: Doctor) -> Change | None:
         """After each training batch of an epoch (`meter`: its EpochMeter): in the first epoch this process trains,
@@ -163,12 +191,13 @@ class Autotune:
         if done < WARMUP + WINDOW:
             return None
         self._within_done = True
+        used = main_cores(self._mark)
         now, mark = self._mark_now(meter), self._mark
         seconds = now.at - mark.at
         record = {"images": now.images - mark.images, "epoch_s": seconds,
                   "data_wait_frac": (now.wait_s - mark.wait_s) / seconds if seconds > 0 else 0.0}
         stages = since(now.stages, mark.stages) if now.stages is not None else None
-        change = self._agree(doctor.find(stages, record))
+        change = self._agree(doctor.find(stages, record), used)
         if change is not None:
             doctor.retarget(change.num_workers)
             self._changed_within = True
@@ -177,12 +206,14 @@ class Autotune:
     def _mark_now(self, meter) -> Mark:
         clocks = getattr(self.data.train, "stages", None)
         return Mark(clocks.snapshot() if clocks is not None else None, meter.data_wait_s, meter.images,
-                    time.perf_counter())
+                    time.perf_counter(), time.process_time())
 
-    def _agree(self, finding: Finding | None) -> Change | None:
-        """This rank's choice from `finding`, the smallest over the ranks (one all-reduce each), applied."""
+    def _agree(self, finding: Finding | None, used: float | None) -> Change | None:
+        """This rank's choice from `finding` (`used`: the cores its main process used meanwhile), the smallest over
+        the ranks (one all-reduce each), applied."""
         plan, pressure = self.data.plan, memory_pressure()
-        change = decide(None if self.settled else finding, plan, self.cap, pressure, worker_bytes(self.sampler))
+        cap = cores_free(self.cap, self.cores, used if plan.num_workers else None)  # without workers it holds one
+        change = decide(None if self.settled else finding, plan, cap, pressure, worker_bytes(self.sampler))
         workers, prefetch = (change.num_workers, change.prefetch_factor) if change else \
             (plan.num_workers, plan.prefetch_factor)
         workers, prefetch = -any_rank(-workers), -any_rank(-prefetch)  # the smallest over the ranks
@@ -212,7 +243,7 @@ class Autotune:
 
     def load_state_dict(self, state: dict) -> None:
         """The checkpoint's choice, within this machine's cores."""
-        workers = min(int(state["num_workers"]), max(self.cap, self.data.plan.num_workers))
+        workers = min(int(state["num_workers"]), max(self.cap, math.floor(self.cores), self.data.plan.num_workers))
         prefetch = int(state["prefetch_factor"])
         self.settled = bool(state["settled"])
         before = state["before"]  # a change not yet measured: measured after the resume
