@@ -115,7 +115,7 @@ $(REAL_DATA)/.complete: | $(VENV)/.installed-dev
 	$(PY) scripts/make_photos.py --out $(REAL_DATA)
 
 bench: setup-dev dataset $(SEED_DATA)/.complete $(VOC_SEED_DATA)/.complete $(PHOTO_DATA)/.complete $(IMAGENET_DATA)/.complete $(REAL_DATA)/.complete ## Data-path benchmarks: ratios measured in one run (bench/RESULTS.md has the figures)
-	@for b in decode workers real_photos sample_path compose segmentation segmentation_e2e doctor autotune epoch_latency packed hdf5_lmdb shards shard_order shard_memory cache rss photos cpu_profile gpu_prefetch startup; do $(PY) bench/$$b.py || exit 1; done
+	@for b in decode workers real_photos sample_path compose segmentation segmentation_e2e doctor autotune epoch_latency packed hdf5_lmdb shards shard_order shard_memory cache rss photos cpu_profile gpu_prefetch startup examples_main; do $(PY) bench/$$b.py || exit 1; done
 
 soak: setup-dev dataset ## A long run stays flat: PSS, open files, threads per epoch, nothing left after exit (SOAK_EPOCHS=40)
 	$(PY) bench/soak.py
