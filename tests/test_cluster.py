@@ -41,10 +41,9 @@ def cluster_dataset(tmp_path_factory) -> Path:
     return make_synthetic_imagefolder(tmp_path_factory.mktemp("cluster"), train_per_class=24, val_per_class=4, size=40)
 
 
-def train_args(root: Path, *extra: str, record: bool = True) -> list[str]:
+def train_args(root: Path, *extra: str) -> list[str]:
     return ["hardware=cpu", f"data.root={root}", "data.image_size=32", "data.batch_size=10", "data.num_workers=1",
-            "trainer.epochs=2", "trainer.deterministic=true", *([RECORD_SAMPLES] if record else []),
-            "trainer.progress=false", *extra]
+            "trainer.epochs=2", "trainer.deterministic=true", RECORD_SAMPLES, "trainer.progress=false", *extra]
 
 
 def torchrun_command() -> str:

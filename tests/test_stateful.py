@@ -56,6 +56,19 @@ def test_a_loader_dropped_in_a_reference_cycle_ends_its_workers_cleanly_and_is_c
     assert [worker.exitcode for worker in workers] == [0, 0], "joined after their exit message, not terminated"
 
 
+def test_loading_a_state_ends_the_workers_of_the_iterator_it_drops():
+    """As DataLoader does when the dropped iterator goes: before the next iterator's workers start and share its
+    ring slots."""
+    loader = stateful_loader(Numbers(), batch_size=3, num_workers=2, persistent_workers=True)
+    iterator = iter(loader)
+    next(iterator)
+    workers = list(iterator._workers)
+    loader.load_state_dict(loader.state_dict())
+    assert [worker.exitcode for worker in workers] == [0, 0]
+    del iterator
+    shutdown_workers(loader)
+
+
 def test_a_loaded_state_is_forgotten_so_the_sampler_position_rules():
     loader = stateful_loader(Numbers(), batch_size=3)
     iterator = iter(loader)

@@ -29,14 +29,14 @@ CHECKED_FLAGS = {"--cfg", "-c", "--package", "-p", "--resolve"}  # with others (
 
 def task(cfg) -> None:
     """Hydra's job (imported here, so `--help` never waits for torch)."""
-    from loadout.runtime.process import keep_large_blocks
     from train.job import main
 
     # The ~350 k objects the imports made (torch, torchvision, Hydra) live as long as the process: freezing them keeps
     # every full collection, and the one at exit (over a second), from walking them again, and keeps forked workers
-    # from copying their pages (the gc module's documented use before fork).
-    gc.freeze()
-    keep_large_blocks()  # batch-sized host tensors reuse their pages, in this process and its workers
+    # from copying their pages (the gc module's documented use before fork). Once: a sweep's later jobs (-m) would
+    # freeze what the earlier ones left to the collector.
+    if not gc.get_freeze_count():
+        gc.freeze()
     main(cfg)
 
 

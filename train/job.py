@@ -37,6 +37,7 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     from loadout.data.loader.plan import LoaderPlan
     from loadout.device import describe, select_device
     from loadout.run.run_lock import RunLock
+    from loadout.runtime.process import keep_large_blocks
 
     env = DistEnv.from_env(cfg.trainer.ddp)
     for key in drop_worker_knobs(cfg, typed=command_line_keys()):
@@ -47,6 +48,8 @@ def run(cfg: DictConfig, run_dir: Path, stop: StopSignal | None = None) -> list[
     if env.is_main:
         log.info("device: %s", describe(device))
     plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers="data.num_workers" in command_line_keys())
+    if device.type == "cpu":  # each step makes a float batch in host memory: its pages reused, not faulted in anew
+        keep_large_blocks(4 * plan.batch_size * 3 * plan.image_size**2)  # float32
     callbacks = [instantiate(f"callbacks.{name}", spec) for name, spec in cfg.callbacks.items()]
     with RunLock(run_dir) if env.is_main else nullcontext():  # one run per run dir: a second fails in one line
         return train_in(cfg, run_dir, env, device, plan, stop, callbacks)

@@ -157,7 +157,7 @@ class DeviceNormalize:
         if self._on_device is None:
             self._on_device = tuple(t.to(images.device) for t in self._host)
         mean, std = self._on_device
-        if images.dim() == 4 and not images.is_contiguous() and \
+        if images.dtype == torch.uint8 and images.dim() == 4 and not images.is_contiguous() and \
                 images.is_contiguous(memory_format=torch.channels_last):
             n, c, h, w = images.shape
             if w not in self._rows:
