@@ -27,7 +27,7 @@ from loadout.errors import ConfigError
 from loadout.runtime import checkpoint
 from tests.conftest import ROOT, compose_config, training_at, wait_for
 from train.job import data_from_config
-from train.loop.progress import Plan, Progress
+from train.loop.progress import Progress, RunLength
 
 CPU = torch.device("cpu")
 TRAIN, BATCH = 240, 16
@@ -149,16 +149,16 @@ def test_another_per_rank_batch_size_is_refused_in_one_line(tiny_dataset):
 def test_the_lr_plan_counts_the_steps_taken_the_rest_of_the_epoch_at_the_new_count_then_whole_epochs():
     """3 epochs of 15 steps at 2 processes, stopped at step 20 (epoch 2, batch 5); at 1 process an epoch is 30 steps
     and the rest of epoch 2 is numbered as its last 20 batches (batch 10 on)."""
-    saved = Plan(epochs=3, steps_per_epoch=15, world_size=2)
-    plan = Plan(epochs=3, steps_per_epoch=30, world_size=1)
+    saved = RunLength(epochs=3, steps_per_epoch=15, world_size=2)
+    plan = RunLength(epochs=3, steps_per_epoch=30, world_size=1)
     plan.check_continues(saved, Progress(epoch=1, step=20, batch_in_epoch=5), Path("last.pt"))  # no error
     plan.follow(saved, Progress(epoch=1, step=20, batch_in_epoch=10), batches_per_epoch=30, grad_accum_steps=1)
     assert plan.total_steps == 20 + 20 + 30
-    again = Plan(epochs=3, steps_per_epoch=30, world_size=1)  # a later resume at 1 process keeps that schedule
-    again.follow(Plan(**plan.state_dict()), Progress(epoch=2, step=45), batches_per_epoch=30, grad_accum_steps=1)
+    again = RunLength(epochs=3, steps_per_epoch=30, world_size=1)  # a later resume at 1 process keeps that schedule
+    again.follow(RunLength(**plan.state_dict()), Progress(epoch=2, step=45), batches_per_epoch=30, grad_accum_steps=1)
     assert again.total_steps == 70
     with pytest.raises(ConfigError, match="resume with its data.batch_size and trainer.grad_accum_steps"):
-        Plan(3, 7, 2).check_continues(saved, Progress(epoch=1, step=20, batch_in_epoch=5), Path("last.pt"))
+        RunLength(3, 7, 2).check_continues(saved, Progress(epoch=1, step=20, batch_in_epoch=5), Path("last.pt"))
 
 
 # -- real torchrun groups stopped by SIGTERM -----------------------------------------------------------------------
@@ -210,7 +210,7 @@ def test_sigterm_at_one_process_count_and_resume_at_another(tiny_dataset, tmp_pa
     assert f"resumed mid-epoch at {after} processes from a checkpoint of {before}" in out, out[-4000:]
     assert "the LR schedule is re-planned" in out
     last = checkpoint.load(checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST)
-    assert last["progress"]["step"] == Plan(**last["plan"]).total_steps, "the LR schedule ends with the run"
+    assert last["progress"]["step"] == RunLength(**last["plan"]).total_steps, "the LR schedule ends with the run"
     epoch0 = trained(run_dir, 0)
     assert set(epoch0) == {before, after}
     counts = Counter(epoch0[before] + epoch0[after])

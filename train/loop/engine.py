@@ -40,7 +40,7 @@ from train.loop.config import TrainerConfig
 from train.loop.epoch_batches import EpochBatches, batches_per_epoch
 from train.loop.evaluate import Evaluation
 from train.loop.hooks import Autotuning, Hooks, Profiling, ProgressLines, Tracking
-from train.loop.progress import Plan, Progress
+from train.loop.progress import Progress, RunLength
 from train.loop.step import TrainStep
 from train.task import Task, build_task
 
@@ -54,7 +54,7 @@ class Trainer:
     of a checkpoint that holds another."""
 
     def __init__(self, tc: TrainerConfig, env: DistEnv, device: torch.device, data: DataPipeline, step: TrainStep,
-                 plan: Plan, run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
+                 plan: RunLength, run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
                  callbacks: Sequence = (), model_name: str = "the model", doctor: Doctor | None = None,
                  autotune: bool = False):
         self.tc, self.env, self.device, self.data, self.run_dir = tc, env, device, data, run_dir
@@ -94,10 +94,10 @@ class Trainer:
     def from_config(cls, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
                     run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
                     callbacks: Sequence = (), recipe: Recipe | None = None, task: Task | None = None) -> Trainer:
-        """The TrainStep and Plan built from a composed config's sections, then the Trainer over them."""
+        """The TrainStep and RunLength built from a composed config's sections, then the Trainer over them."""
         tc = cfg.trainer
         per_epoch = batches_per_epoch(len(data.train), tc.limit_batches, tc.overfit_batches)
-        plan = Plan.for_run(tc.epochs, per_epoch, tc.grad_accum_steps, env.world_size)
+        plan = RunLength.for_run(tc.epochs, per_epoch, tc.grad_accum_steps, env.world_size)
         recipe = recipe or instantiate("augment", cfg.augment)
         task = task or build_task(cfg)
         step = TrainStep.from_config(cfg, env, device, model, plan.total_steps,
@@ -135,7 +135,7 @@ class Trainer:
         re-planned when the epochs or steps an epoch changed; what cannot be honoured (another batch size mid-epoch,
         another model) fails here, in one line, before any worker starts."""
         state = checkpoint.load(path)  # on the CPU: load_state_dict moves what belongs on the device
-        progress, saved, tc = Progress.from_state(state["progress"]), Plan(**state["plan"]), self.tc
+        progress, saved, tc = Progress.from_state(state["progress"]), RunLength(**state["plan"]), self.tc
         self.plan.check_continues(saved, progress, path)
         parts = self.parts()
         del parts["plan"], parts["scaler"]  # this run's plan stands (checked above); the scaler loads from any device

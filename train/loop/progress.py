@@ -37,7 +37,7 @@ class Progress(Record):
 
 
 @dataclass
-class Plan(Record):
+class RunLength(Record):
     """What the run was planned as: a resumed run is checked against it."""
 
     epochs: int = 0
@@ -46,7 +46,7 @@ class Plan(Record):
     step_shift: int = 0  # steps beyond epochs x steps_per_epoch: epochs begun at another step count an epoch
 
     @classmethod
-    def for_run(cls, epochs: int, batches_per_epoch: int, grad_accum_steps: int, world_size: int) -> Plan:
+    def for_run(cls, epochs: int, batches_per_epoch: int, grad_accum_steps: int, world_size: int) -> RunLength:
         return cls(epochs, max(batches_per_epoch // grad_accum_steps, 1), world_size)
 
     @property
@@ -55,7 +55,7 @@ class Plan(Record):
         and resumed later follows the same schedule."""
         return self.epochs * self.steps_per_epoch + self.step_shift
 
-    def follow(self, saved: Plan, progress: Progress, batches_per_epoch: int, grad_accum_steps: int) -> None:
+    def follow(self, saved: RunLength, progress: Progress, batches_per_epoch: int, grad_accum_steps: int) -> None:
         """Plan the schedule's length on from a checkpoint planned as `saved` and resumed at `progress`: the same
         shift with the same steps an epoch; else (another process count or batch size) the steps taken, the rest of
         the epoch in progress at this run's step count (`batches_per_epoch` numbers it), then whole epochs."""
@@ -79,7 +79,7 @@ class Plan(Record):
         steps_left = self.last_step(max_steps) - progress.step
         return max(0, min(rest, steps_left * grad_accum_steps - progress.batch_in_epoch % grad_accum_steps))
 
-    def check_continues(self, saved: Plan, progress: Progress, path: Path) -> None:
+    def check_continues(self, saved: RunLength, progress: Progress, path: Path) -> None:
         """This run can continue a checkpoint planned as `saved` and stopped at `progress`; else one line."""
         reached = progress.epoch + (progress.batch_in_epoch > 0)  # epochs begun
         if reached > self.epochs:
