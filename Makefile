@@ -94,7 +94,7 @@ test-container: setup-dev dataset ## Build the image (stand-in base when the rea
 TB_HOST ?= 127.0.0.1
 TB_PORT ?= 6006
 tune: setup dataset ## Sweep loader knobs on this box (SWEEP="data.num_workers=0,4" to choose; ARGS="tune.autotune=true" writes hardware=local)
-	$(PY) -m train.tune -m data.root=$(DATA) $${SWEEP:-$$($(PY) -c 'from train.tune.config import default_sweep; print(default_sweep())')} $(ARGS)
+	$(PY) -m train.tune -m data.root=$(DATA) $${SWEEP:-$$($(PY) -c 'from loadout.tune.sweep import default_sweep; print(default_sweep())')} $(ARGS)
 
 tensorboard: setup ## Serve outputs/ in TensorBoard on http://127.0.0.1:6006 (TB_HOST=0.0.0.0 to share it)
 	$(VENV)/bin/tensorboard --logdir outputs --host $(TB_HOST) --port $(TB_PORT)

@@ -5,7 +5,8 @@
 - observe/  the metric vocabulary, the epoch meter, the doctor's diagnosis, memory, Prometheus and trackers
 - runtime/  precision, out-of-memory recovery, non-finite losses, stop signals, atomic checkpoints
 - run/      the harness around a run: resume replay, run dirs and their lock, the run record, lost peers
-- tune/     `make tune`'s timing, report and profile, the measured CPU precision
+- tune/     `make tune`'s engine: the sweep's schema and check, each job's record and timing, the report and
+            profile (callback.py), the measured CPU precision
 - errors.py, dist.py, device.py, build.py, credentials.py: the floor the rest stands on
 
 loadout never imports train/ (tests/test_layering.py holds the rule): the template hands in its parts.

@@ -98,7 +98,7 @@ def group_timeout(data_timeout_s: float | None, setting_s: float | None = None) 
 def init_process_group(env: DistEnv, device: torch.device, data_timeout_s: float | None = None,
                        timeout_s: float | None = None) -> None:
     """nccl on CUDA, gloo on CPU; a no-op for a single process. A gloo group beside it carries the loop's control
-    flags (`any_rank`, agreement.RankAgreement), so asking "did any rank get a stop signal?" never waits for the GPU
+    flags (`any_rank`, RankAgreement), so asking "did any rank get a stop signal?" never waits for the GPU
     nor interleaves with the gradient all-reduces."""
     global _control_group
     if env.distributed and not torch_dist.is_initialized():
@@ -134,6 +134,34 @@ def any_rank(flag: int) -> int:
     tensor = torch.tensor([flag], dtype=torch.int64)
     torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX, group=_control_group)
     return int(tensor.item())
+
+
+class RankAgreement:
+    """A few small integers agreed by every rank (their maximum), asked after each optimizer step without waiting:
+    the all-reduce runs on the CPU control group while the next step computes, and its answer is read at the next
+    call. Every rank calls `ask` at the same steps, so every rank acts on the same answer at the same step."""
+
+    def __init__(self) -> None:
+        self._pending: tuple[torch_dist.Work, torch.Tensor] | None = None
+
+    def ask(self, values: list[int]) -> list[int] | None:
+        """Start agreeing on `values`; returns the answer to the previous call (None at the first). One process:
+        `values` at once."""
+        if not torch_dist.is_initialized():
+            return list(values)
+        answer = self.answer()
+        tensor = torch.tensor(values, dtype=torch.int64)
+        work = torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX, group=control_group(), async_op=True)
+        self._pending = (work, tensor)
+        return answer
+
+    def answer(self) -> list[int] | None:
+        """Wait for the question in flight, if any (at an epoch's end, before a blocking collective)."""
+        if self._pending is None:
+            return None
+        (work, tensor), self._pending = self._pending, None
+        work.wait()
+        return tensor.tolist()
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

@@ -214,7 +214,7 @@ def test_a_sweep_with_a_value_outside_a_choice_fails_in_the_same_line():
 
     from loadout.run.cli_help import CONF
     from train.config import register
-    from train.tune.config import check_sweep, register_tune
+    from train.tune import check_sweep, register_tune
 
     register()
     register_tune()

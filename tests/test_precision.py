@@ -18,6 +18,7 @@ from loadout.dist import DistEnv
 from loadout.errors import ConfigError
 from loadout.runtime.precision import RunPrecision, cpu_flags, native_bf16, resolve
 from loadout.tune.cpu_precision import choose, measure, measured
+from loadout.tune.job_record import PRECISION_FILE, settle_once
 from tests.conftest import compose_config, read_metrics, run_cli
 from train.config import validate
 from train.job import data_from_config
@@ -25,7 +26,6 @@ from train.loop.config import Precision
 from train.loop.engine import Trainer
 from train.loop.model import build_model
 from train.loop.step import TrainStep
-from train.tune.measure import PRECISION_FILE, settle_once
 
 CPU = torch.device("cpu")
 NATIVE = {"avx512f", "avx512_bf16"}  # a CPU with native bf16, whatever this one has

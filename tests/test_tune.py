@@ -17,11 +17,12 @@ from omegaconf import OmegaConf
 
 from loadout.errors import ConfigError
 from loadout.runtime.precision import native_bf16
+from loadout.tune.job_record import RESULT_FILE, find_duplicate, measured_config
 from loadout.tune.profile import pick_best
 from loadout.tune.report import swept_elsewhere, table
+from loadout.tune.sweep import default_sweep, expand_sweep
 from tests.conftest import CONF, compose_config, read_metrics, run_cli
-from train.tune.config import check_sweep, default_sweep, expand_sweep, register_tune
-from train.tune.measure import RESULT_FILE, find_duplicate, measured_config
+from train.tune import check_sweep, register_tune
 
 TINY = ["hardware=cpu", "data.image_size=32", "data.batch_size=16", "trainer.progress=false",
         "tune.repeats=3", "tune.warmup_batches=1", "tune.batches=3"]

@@ -8,7 +8,7 @@ Where to look:
 - loop/       the epoch loop with resume and trainer.mode=validate (engine.py), the step (step.py), evaluation
               (evaluate.py), the ranks' agreement to stop (agreement.py), the model and schedule builders
 - augment.py  the augmentation recipes (the segmentation recipe is loadout/data/seg_augment.py)
-- tune/       python -m train.tune: the loader sweep over the template's step
+- tune.py     python -m train.tune: one sweep job over the template's data path and step
 """
 
 from loadout.runtime.process import idle_threads_sleep

@@ -17,15 +17,6 @@ import sys
 
 from loadout.run.cli_help import CONF, text, wants_help
 
-# Hydra's flags and the values each takes (--info's is optional: one of INFO_CHOICES), kept together when the
-# overrides are moved before them (argparse takes its positional overrides as one run)
-HYDRA_FLAGS = {"--cfg": 1, "-c": 1, "--package": 1, "-p": 1, "--config-path": 1, "-cp": 1, "--config-name": 1,
-               "-cn": 1, "--config-dir": 1, "-cd": 1, "--experimental-rerun": 1, "--info": "?", "-i": "?",
-               "--resolve": 0, "--run": 0, "-r": 0, "--multirun": 0, "-m": 0, "--shell-completion": 0, "-sc": 0,
-               "--hydra-help": 0, "--version": 0, "--help": 0, "-h": 0}
-INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
-CHECKED_FLAGS = {"--cfg", "-c", "--package", "-p", "--resolve"}  # with others (-m, --info, ...) Hydra's business
-
 
 def task(cfg) -> None:
     """Hydra's job (imported here, so `--help` never waits for torch)."""
@@ -40,66 +31,16 @@ def task(cfg) -> None:
     main(cfg)
 
 
-def split(argv: list[str]) -> tuple[list[str], list[str]] | None:
-    """`argv`'s Hydra flags, each with its values, and its overrides; None when a flag is not Hydra's (its own
-    usage error then says so)."""
-    flags, overrides, at = [], [], 0
-    while at < len(argv):
-        arg = argv[at]
-        at += 1
-        if not arg.startswith("-"):
-            overrides.append(arg)
-            continue
-        name, inline, _ = arg.partition("=")
-        if name not in HYDRA_FLAGS:
-            return None
-        count = 0 if inline else HYDRA_FLAGS[name]
-        if count == "?":
-            count = int(at < len(argv) and argv[at] in INFO_CHOICES)
-        flags += argv[at - 1:at + count]
-        at += count
-    return flags, overrides
-
-
-def prepare(argv: list[str]) -> list[str]:
-    """The arguments Hydra gets: the overrides checked (one line and exit 2 on a bad one), a resume's run replayed,
-    `--cfg` printing resolved values, and the quiet overrides of ranks > 0."""
-    from loadout.credentials import without_credentials
-    from loadout.dist import DistEnv, hydra_rank_overrides
-    from loadout.errors import ConfigError
-    from loadout.run.overrides import check_command_line
-    from loadout.run.resume_run import check_unchanged, replay, resumed_dir
-    from train.config import SCHEMA, register
-
-    register()
-    quiet = hydra_rank_overrides(DistEnv.from_env())
-    parts = split(argv)
-    if parts is None:
-        return [*argv, *quiet]
-    flags, overrides = parts
-    if {flag.partition("=")[0] for flag in flags if flag.startswith("-")} <= CHECKED_FLAGS:
-        try:
-            resumed = resumed_dir(overrides)
-            if resumed is not None:
-                overrides = replay(overrides, resumed)
-            cfg = check_command_line(overrides, SCHEMA)
-            if resumed is not None:
-                check_unchanged(resumed, cfg)
-        except ConfigError as err:
-            print(f"error: {without_credentials(str(err))}", file=sys.stderr)
-            sys.exit(2)
-        if any(flag.partition("=")[0] in ("--cfg", "-c") for flag in flags) and "--resolve" not in flags:
-            flags.append("--resolve")
-    return [*overrides, *quiet, *flags]
-
-
 def launch(argv: list[str]) -> None:
     if wants_help(argv):
         print(text())
         return
     import hydra
 
-    sys.argv = [sys.argv[0], *prepare(argv)]
+    from loadout.run.command_line import prepare
+    from train.config import SCHEMA
+
+    sys.argv = [sys.argv[0], *prepare(argv, SCHEMA)]
     hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")(task)()
 
 

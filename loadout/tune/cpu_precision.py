@@ -19,7 +19,7 @@ import torch
 from loadout.runtime.micro_batch import is_out_of_memory
 from loadout.runtime.precision import autocast
 
-log = logging.getLogger("train.tune")
+log = logging.getLogger("loadout.tune")
 
 # The measurement: a warm-up and two timed steps each way on up to PROBE_BATCH samples, on one thread (under a
 # second for resnet18 or lraspp at 64 px).

@@ -12,44 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
-import torch
-import torch.distributed as torch_dist
-
-from loadout.dist import control_group
+from loadout.dist import RankAgreement
 from loadout.errors import Diverged
 from loadout.runtime.stop import Stopped, StopSignal
 from train.loop.progress import Progress
 
 if TYPE_CHECKING:
     from train.loop.step import TrainStep
-
-
-class RankAgreement:
-    """A few small integers agreed by every rank (their maximum), asked after each optimizer step without waiting:
-    the all-reduce runs on the CPU control group while the next step computes, and its answer is read at the next
-    call. Every rank calls `ask` at the same steps, so every rank acts on the same answer at the same step."""
-
-    def __init__(self) -> None:
-        self._pending: tuple[torch_dist.Work, torch.Tensor] | None = None
-
-    def ask(self, values: list[int]) -> list[int] | None:
-        """Start agreeing on `values`; returns the answer to the previous call (None at the first). One process:
-        `values` at once."""
-        if not torch_dist.is_initialized():
-            return list(values)
-        answer = self.answer()
-        tensor = torch.tensor(values, dtype=torch.int64)
-        work = torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX, group=control_group(), async_op=True)
-        self._pending = (work, tensor)
-        return answer
-
-    def answer(self) -> list[int] | None:
-        """Wait for the question in flight, if any (at an epoch's end, before a blocking collective)."""
-        if self._pending is None:
-            return None
-        (work, tensor), self._pending = self._pending, None
-        work.wait()
-        return tensor.tolist()
 
 
 class StepAgreement:

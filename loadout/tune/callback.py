@@ -1,6 +1,8 @@
-"""Hydra callback of `python -m train.tune`: checks the whole sweep first, shows progress, writes the report.
+"""Hydra callback of a tune sweep (the template's `python -m train.tune`): checks the whole sweep first, shows
+progress, writes the report.
 
-on_multirun_start composes and validates every job before the first starts (a bad value names its key);
+on_multirun_start has the template's `check` compose and validate every job before the first starts (a bad value
+names its key);
 on_multirun_end gathers the jobs' result.json into a table, results.csv/json and tune.png and, with
 tune.autotune=true, writes the chosen setting as a hardware profile.
 """
@@ -8,8 +10,8 @@ tune.autotune=true, writes the chosen setting as a hardware profile.
 from __future__ import annotations
 
 import json
-import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -20,9 +22,6 @@ from loadout.errors import ConfigError
 from loadout.tune.profile import pick_best, profile_text, write_profile
 from loadout.tune.report import describe_machine, gather, machine_info, table, write_report
 from loadout.tune.timing import progress_bar
-from train.tune.config import check_sweep
-
-log = logging.getLogger("train.tune")
 
 
 def _exit(err: ConfigError) -> None:
@@ -31,13 +30,17 @@ def _exit(err: ConfigError) -> None:
 
 
 class TuneCallback(Callback):
-    def __init__(self) -> None:
+    """`check(config_name, overrides)` composes and validates every job, returning how many (conf/tune.yaml hands
+    in the template's, as a partial)."""
+
+    def __init__(self, check: Callable[[str, list[str]], int]) -> None:
+        self.check = check
         self.bar: tqdm | None = None
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **kwargs) -> None:
         searchpath = [o for o in config.hydra.overrides.hydra if o.startswith("hydra.searchpath")]
         try:
-            jobs = check_sweep(config_name or "tune", [*searchpath, *config.hydra.overrides.task])
+            jobs = self.check(config_name or "tune", [*searchpath, *config.hydra.overrides.task])
         except ConfigError as err:
             _exit(err)
         self.bar = progress_bar(jobs, "tune sweep", config.trainer.progress, unit="setting")

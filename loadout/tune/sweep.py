@@ -1,12 +1,13 @@
-"""The `tune:` node of `python -m train.tune` (schema + checks), and the sweep checked as a whole before any job runs.
+"""The `tune:` node of a tune sweep (schema + checks), and the sweep checked as a whole before any job runs.
 
-The schema is stored as `tune_schema` = {tune: TuneConfig}; conf/tune.yaml puts it in front of the training config,
-so `python -m train` never sees a `tune` key (a stray `tune.*` override still fails there).
+The schema is stored as `tune_schema` = {tune: TuneConfig}; the template's conf/tune.yaml puts it in front of the
+training config, so `python -m train` never sees a `tune` key (a stray `tune.*` override still fails there).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,6 @@ from loadout.data.config import drop_worker_knobs
 from loadout.data.loader.plan import usable_cores
 from loadout.errors import ConfigError, bad_value
 from loadout.run.overrides import wrong_type
-from train.config import LoadoutConfig, register, validate
 
 
 @dataclass
@@ -40,18 +40,15 @@ class TuneConfig:
     memory_interval_s: float = 0.1  # how often memory and /dev/shm are sampled while a configuration runs
 
 
-def register_tune() -> None:
-    """Store `tune_schema` (conf/tune.yaml lists it first) and the training schema; safe to call more than once.
+def register_tune_schema() -> None:
+    """Store `tune_schema` (conf/tune.yaml lists it first); safe to call more than once.
 
     A plain dict around the typed node: a dataclass root would refuse the training schema merged after it."""
-    register()
     ConfigStore.instance().store(name="tune_schema", node={"tune": TuneConfig})
 
 
-def validate_tune(cfg) -> None:
-    """The training config's checks plus the tune node's, naming the key and the fix."""
-    validate(cfg)
-    tune = cfg.tune
+def check_tune(tune) -> None:
+    """The `tune:` node's checks, naming the key and the fix."""
     if tune.repeats < 1:
         bad_value("tune.repeats", tune.repeats, "use an integer >= 1 (3 or more shows persistent workers' effect)")
     if tune.warmup_batches < 0:
@@ -79,20 +76,21 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
-def check_sweep(config_name: str, overrides: list[str]) -> int:
-    """Compose and validate every job of the sweep before the first one starts; returns the number of jobs."""
+def check_sweep(config_name: str, overrides: list[str], validate: Callable, schema: type) -> int:
+    """Compose every job of the sweep and `validate` its config before the first one starts (a wrong type named
+    from the `schema` dataclass); returns the number of jobs."""
     jobs = expand_sweep(overrides)
     for job in jobs:
         try:
             cfg = compose(config_name=config_name, overrides=job)
         except HydraException as err:
             if isinstance(err.__cause__, ValidationError) and getattr(err.__cause__, "full_key", None):
-                raise ConfigError(wrong_type(err.__cause__.full_key, job, LoadoutConfig)) from None
+                raise ConfigError(wrong_type(err.__cause__.full_key, job, schema)) from None
             cause = str(err.__cause__ or "").splitlines()[:1]
             raise ConfigError("; ".join([str(err).splitlines()[0], *cause])) from err
         OmegaConf.resolve(cfg)
         drop_worker_knobs(cfg)
-        validate_tune(cfg)
+        validate(cfg)
     return len(jobs)
 
 

@@ -1,13 +1,12 @@
-"""One tune job: the real data path (loadout.data.build_data) and, with tune.with_model=true, the model and step of
-python -m train (train/loop/step.py), built from the job's config and timed by loadout/tune/timing.py: the result
-record of the job."""
+"""One tune job's record around the template's measurement: the settings it applied, the duplicate it can skip, the
+CPU precision the sweep's jobs share, and result.json written whatever happened."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -15,23 +14,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from loadout.build import instantiate
-from loadout.data import build_data, build_sources
-from loadout.data.config import drop_worker_knobs
-from loadout.data.loader.plan import LoaderPlan
-from loadout.device import select_device
-from loadout.dist import DistEnv, seed_everything
-from loadout.errors import bad_value
-from loadout.observe.memory import MemorySampler
+from loadout.data.loader.samplers import explain_loader_error
 from loadout.runtime.precision import native_bf16
 from loadout.tune import cpu_precision
-from loadout.tune.timing import timed_epochs
-from train.loop.model import build_model
-from train.loop.step import TrainStep
-from train.task import build_task
-from train.tune.config import validate_tune
 
-log = logging.getLogger("train.tune")
+log = logging.getLogger("loadout.tune")
 
 RESULT_FILE = "result.json"
 PRECISION_FILE = "precision.json"  # trainer.precision=auto on a CPU: what the sweep's with-model jobs train in
@@ -60,6 +47,14 @@ def measured_config(cfg: DictConfig, num_workers: int, pin_memory: bool) -> dict
     config = OmegaConf.to_container(cfg, resolve=True)
     config["data"].update(num_workers=num_workers, pin_memory=pin_memory)
     return config
+
+
+def begin_record(cfg: DictConfig, job: int, num_workers: int, pin_memory: bool, notes: list[str]) -> dict:
+    """The job's record before it measures: its overrides, settings, whole config and the knobs dropped."""
+    return {"job": job, "overrides": list(HydraConfig.get().overrides.task),
+            "settings": effective_settings(cfg, num_workers, pin_memory),
+            "config": measured_config(cfg, num_workers, pin_memory),
+            "notes": [f"{key} off: num_workers=0" for key in notes]}
 
 
 def find_duplicate(job_dir: Path, config: dict) -> int | None:
@@ -119,52 +114,18 @@ def settle_once(cfg: DictConfig, model: torch.nn.Module, device: torch.device, d
     return value
 
 
-def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
-    """Build the data path from cfg and measure it; returns the job's result record."""
-    notes = drop_worker_knobs(cfg)
-    validate_tune(cfg)
-    env = DistEnv()
-    device = select_device(cfg.trainer.device, env)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = LoaderPlan.from_config(cfg.data, env, device)
-    num_workers, pin_memory = plan.num_workers, plan.pin_memory
-    settings = effective_settings(cfg, num_workers, pin_memory)
-    config = measured_config(cfg, num_workers, pin_memory)
-    record = {"job": job, "overrides": list(HydraConfig.get().overrides.task), "settings": settings,
-              "config": config, "notes": [f"{key} off: num_workers=0" for key in notes]}
-    duplicate = find_duplicate(job_dir, config)
-    if duplicate is not None:
-        log.info("job %d measures the same settings as job %d: skipped", job, duplicate)
-        return {**record, "status": "duplicate", "duplicate_of": duplicate}
-
-    tune = cfg.tune
-    seed_everything(cfg.trainer.seed, env)
-    sampler = MemorySampler()  # before the loaders: its /dev/shm figure counts their ring
-    recipe = instantiate("augment", cfg.augment)
-    task = build_task(cfg)
-    pipeline = build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan.for_task(task), env,
-                          device, seed=cfg.trainer.seed, epochs=tune.repeats,  # exactly the epochs measured
-                          channels_last=cfg.trainer.channels_last)
-    loader = pipeline.train
-    if len(loader) <= tune.warmup_batches:
-        bad_value("tune.warmup_batches", tune.warmup_batches,
-              f"the train loader has only {len(loader)} batches per epoch: lower it, or data.batch_size")
-    dataset = {"name": cfg.dataset._target_.rsplit(".", 1)[-1], "root": cfg.data.root, "batches_per_epoch": len(loader),
-               "images_per_epoch": len(loader) * cfg.data.batch_size}
-    step = None
-    if tune.with_model:  # real training steps: the model, optimizer, precision and scaler of python -m train
-        outputs = task.num_outputs(pipeline.source)
-        model = build_model(cfg.model, outputs, device, channels_last=cfg.trainer.channels_last)
-        chosen = settle_once(cfg, model, device, precision_dir(job_dir), outputs)
-        if chosen is not None:  # trained in, and written into hardware=local by tune.autotune=true
-            cfg.trainer.precision = settings["trainer"]["precision"] = chosen
-        step = TrainStep.from_config(cfg, env, device, model, total_steps=tune.repeats * len(loader), task=task)
-        step.ddp.train()
-        record["precision"] = step.precision
-    desc = f"job {job}: workers={num_workers} pin={pin_memory} persistent={cfg.data.persistent_workers}"
-    figures = timed_epochs(pipeline, device, sampler, repeats=tune.repeats, warmup=tune.warmup_batches,
-                           batches=tune.batches, step=step, desc=desc, show=cfg.trainer.progress,
-                           memory_interval_s=tune.memory_interval_s)
-    record.update(status="ok", dataset=dataset, **figures)
+def run_job(cfg: DictConfig, measure: Callable[[DictConfig, Path, int], dict]) -> dict:
+    """`measure(cfg, job_dir, job)` one configuration and write its result.json into the job dir; a failed run is a
+    result too."""
+    hydra_cfg = HydraConfig.get()
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    job = OmegaConf.select(hydra_cfg, "job.num", default=0, throw_on_missing=False) or 0
+    try:
+        record = measure(cfg, job_dir, job)
+    except (RuntimeError, OSError) as err:  # a killed worker, /dev/shm full, out of memory: keep sweeping
+        explained = explain_loader_error(err) or err
+        log.error("job %d failed: %s", job, explained)
+        record = {"job": job, "overrides": list(hydra_cfg.overrides.task), "status": "failed",
+                  "error": str(explained)}
+    (job_dir / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return record

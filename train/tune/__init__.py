@@ -1,1 +1,0 @@
-"""`python -m train.tune`: sweep loader knobs with the real data path and train_step; report; autotune a profile."""
