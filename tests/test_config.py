@@ -212,7 +212,7 @@ def test_the_store_settings_left_data_and_an_old_run_replays_them_under_dataset(
 def test_a_sweep_with_a_value_outside_a_choice_fails_in_the_same_line():
     from hydra import initialize_config_dir
 
-    from loadout.run.cli_help import CONF
+    from train import CONF
     from train.config import register
     from train.tune import check_sweep, register_tune
 

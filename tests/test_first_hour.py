@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadout.run.cli_help import GROUPS, KEYS
 from loadout.run.run_dir import run_dir_name
 from loadout.run.run_lock import RunLock
 from loadout.run.run_record import profile_settings
 from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, read_metrics, run_cli, training_at, wait_for
+from train.__main__ import GROUPS, KEYS
 
 
 def tree(folder: Path) -> dict[str, tuple[int, int]]:
@@ -148,8 +148,9 @@ def test_torchrun_ranks_share_one_readable_run_dir_name():
 
 def test_a_profile_that_changes_the_model_says_so():
     cfg = compose_config(["hardware=rtx4080"])
-    assert profile_settings(cfg, "rtx4080")["model.name"] == "resnet50"
-    assert "model.name" not in profile_settings(cfg, "rtx4080", typed={"model.name"})
+    profile = ROOT / "conf" / "hardware" / "rtx4080.yaml"
+    assert profile_settings(cfg, profile)["model.name"] == "resnet50"
+    assert "model.name" not in profile_settings(cfg, profile, typed={"model.name"})
 
 
 @pytest.fixture(scope="module")

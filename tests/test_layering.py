@@ -32,6 +32,9 @@ def test_the_library_never_imports_the_template():
                  for path in sorted((ROOT / "loadout").rglob("*.py"))
                  for line, module in imported_modules(path) if module == "train" or module.startswith("train.")]
     assert not crossings, "loadout must not import train (hand the part in instead):\n" + "\n".join(crossings)
+    reads_conf = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "loadout").rglob("*.py"))
+                  if '/ "conf"' in path.read_text()]
+    assert not reads_conf, f"the template's conf/ is handed in (Schema.conf, Hydra's config source): {reads_conf}"
 
 
 def test_the_rule_sees_a_crossing(tmp_path):

@@ -188,10 +188,15 @@ def test_expand_sweep_is_the_cartesian_product():
     assert ["hardware=cpu", "data.num_workers=2", "data.batch_size=16"] in jobs
 
 
-def test_profile_path_default_is_in_the_config_tree():
-    from loadout.tune.profile import DEFAULT_PROFILE
+def test_profile_path_default_is_in_the_sweeps_config_tree():
+    from hydra import compose, initialize_config_dir
 
-    assert Path(__file__).resolve().parents[1] / "conf" / "hardware" / "local.yaml" == DEFAULT_PROFILE
+    from loadout.tune.profile import default_profile
+
+    register_tune()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("tune", overrides=["hardware=cpu"], return_hydra_config=True)
+    assert default_profile(cfg) == Path(__file__).resolve().parents[1] / "conf" / "hardware" / "local.yaml"
 
 
 @pytest.mark.slow

@@ -11,7 +11,11 @@ Where to look:
 - tune.py     python -m train.tune: one sweep job over the template's data path and step
 """
 
+from pathlib import Path
+
 from loadout.runtime.process import idle_threads_sleep
+
+CONF = Path(__file__).resolve().parents[1] / "conf"  # config.yaml, tune.yaml and a folder per config group
 
 # `python -m train` and `python -m train.tune` import this package first, before torch loads its OpenMP runtime
 idle_threads_sleep()

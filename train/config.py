@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from loadout.data.config import DataConfig, check_data
 from loadout.errors import bad_value
 from loadout.run.overrides import Schema
+from train import CONF
 from train.loop.config import TrainerConfig, check_trainer
 
 # `_target_` specs (conf/<group>/)
@@ -55,7 +56,7 @@ def register() -> None:
 
 
 # What `python -m train`'s command line is checked against (loadout/run/overrides.py), before Hydra runs.
-SCHEMA = Schema(LoadoutConfig, SWAPPABLE_GROUPS, register)
+SCHEMA = Schema(LoadoutConfig, SWAPPABLE_GROUPS, register, CONF)
 
 
 def validate(cfg: Any) -> None:

@@ -24,6 +24,7 @@ from loadout.run.peers import Heartbeat, collective_error, is_collective_failure
 from loadout.run.run_record import shown_path, where_it_wrote, write_plan
 from loadout.runtime.micro_batch import is_out_of_memory
 from loadout.runtime.stop import Stopped, StopSignal
+from train import CONF
 from train.config import validate
 
 log = logging.getLogger("train")
@@ -118,7 +119,9 @@ def record_start(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, tra
                  resume_path: Path | None) -> None:
     """Rank 0, with the run dir held and any checkpoint loaded: the plan in plan.json, a resume's overrides in
     `.hydra/resumes.yaml` (what later resumes replay), or that trainer.resume=auto found nothing."""
-    write_plan(cfg, run_dir, env, device, plan, trainer, hydra_choice("hardware"), command_line_keys())
+    profile = hydra_choice("hardware")
+    write_plan(cfg, run_dir, env, device, plan, trainer, profile and CONF / "hardware" / f"{profile}.yaml",
+               command_line_keys())
     if resume_path is not None and resume_run.resumed_dir(command_line()) is not None:
         resume_run.record(run_dir, list(HydraConfig.get().overrides.task))
     if cfg.trainer.resume == "auto" and resume_path is None:

@@ -26,6 +26,7 @@ from loadout.observe.memory import MemorySampler
 from loadout.tune import sweep
 from loadout.tune.job_record import begin_record, find_duplicate, precision_dir, run_job, settle_once
 from loadout.tune.timing import timed_epochs
+from train import CONF
 from train.config import LoadoutConfig, register, validate
 from train.loop.model import build_model
 from train.loop.step import TrainStep
@@ -100,7 +101,7 @@ def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:
     return record
 
 
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="tune")
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="tune")
 def main(cfg: DictConfig) -> None:
     try:
         OmegaConf.resolve(cfg)

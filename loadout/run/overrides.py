@@ -17,7 +17,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 from loadout.errors import ConfigError
-from loadout.run.cli_help import CONF, options
 from loadout.run.resume_run import MOVED_KEYS
 
 # How a schema type reads in an error: `data.batch_size=abc: takes an integer`.
@@ -27,11 +26,17 @@ TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false",
 @dataclass(frozen=True)
 class Schema:
     """What a command line is checked against: the config's root dataclass, the groups whose `_target_` may name a
-    class of your own (their keys are free-form), and what registers the schema and resolvers with Hydra."""
+    class of your own (their keys are free-form), what registers the schema and resolvers with Hydra, and the
+    template's config folder (conf/: config.yaml and a folder per group)."""
 
     root: type
     swappable: tuple[str, ...]
     register: Callable[[], None]
+    conf: Path
+
+    def options(self, group: str) -> list[str]:
+        """The options of a config group: conf/<group>/*.yaml."""
+        return sorted(path.stem for path in (self.conf / group).glob("*.yaml"))
 
 
 def check_command_line(overrides: list[str], schema: Schema, config_name: str = "config") -> DictConfig:
@@ -44,12 +49,12 @@ def check_command_line(overrides: list[str], schema: Schema, config_name: str = 
     schema.register()
     searched = _search_dirs(overrides)
     for override in overrides:
-        _check_group_option(override, searched, schema.swappable)
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        _check_group_option(override, searched, schema)
+    with initialize_config_dir(config_dir=str(schema.conf), version_base="1.3"):
         try:
             return compose(config_name=config_name, overrides=overrides)
         except MissingConfigException as err:
-            raise ConfigError(_missing_option(err, schema.swappable)) from None
+            raise ConfigError(_missing_option(err, schema)) from None
         except HydraException as err:
             cause = err.__cause__
             if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
@@ -94,35 +99,35 @@ def _search_dirs(overrides: list[str]) -> list[Path] | None:
     return dirs
 
 
-def _check_group_option(override: str, searched: list[Path] | None, swappable: tuple[str, ...]) -> None:
+def _check_group_option(override: str, searched: list[Path] | None, schema: Schema) -> None:
     """`debug=fast`, `logger=[tensorboard,wandbb]`: every option named must be a conf/<group>/<option>.yaml, or one
     in a folder `hydra.searchpath` adds."""
     key, sep, value = override.partition("=")
     group = key.lstrip("+~").split("@", 1)[0]
-    if not sep or "." in group or not (CONF / group).is_dir() or searched is None:
+    if not sep or "." in group or not (schema.conf / group).is_dir() or searched is None:
         return
     for name in filter(None, (part.strip() for part in value.strip().strip("[]").split(","))):
-        if name != "null" and name not in options(group) and not any(
+        if name != "null" and name not in schema.options(group) and not any(
                 (folder / group / f"{name}.yaml").is_file() for folder in searched):
-            raise ConfigError(_unknown_option(group, name, swappable))
+            raise ConfigError(_unknown_option(group, name, schema))
 
 
-def _unknown_option(group: str, name: str, swappable: tuple[str, ...]) -> str:
+def _unknown_option(group: str, name: str, schema: Schema) -> str:
     """One line: the closest options and all of them."""
-    known = options(group)
+    known = schema.options(group)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    own = f" (or point {group}._target_ at a class of your own)" if group in swappable else ""
+    own = f" (or point {group}._target_ at a class of your own)" if group in schema.swappable else ""
     hint = f"; did you mean {group}={close[0]}?" if close else ""
     return f"{group}={name}: no conf/{group}/{name}.yaml; choose one of {', '.join(known)}{own}{hint}"
 
 
-def _missing_option(err, swappable: tuple[str, ...]) -> str:
+def _missing_option(err, schema: Schema) -> str:
     """A group option Hydra could not load (one `_check_group_option` did not see, e.g. a nested group)."""
     missing = getattr(err, "missing_cfg_file", "") or ""
     group, _, name = missing.rpartition("/")
     if not group:
         return str(err).strip().splitlines()[0]
-    return _unknown_option(group, name, swappable)
+    return _unknown_option(group, name, schema)
 
 
 def wrong_type(key: str, overrides: list[str], root: type) -> str:

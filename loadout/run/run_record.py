@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 
 from loadout.dist import DistEnv
 from loadout.errors import MIB
-from loadout.run.cli_help import CONF
 
 log = logging.getLogger("train")
 
@@ -27,19 +26,18 @@ def shown_path(path: Path) -> str:
     return path.as_posix() if relative.startswith("..") else relative
 
 
-def profile_settings(cfg: Any, profile: str | None, typed: set[str] = frozenset()) -> dict[str, Any]:
-    """The keys conf/hardware/<profile>.yaml sets and the run kept (not `typed` on the command line), with the
-    values the run has."""
-    path = CONF / "hardware" / f"{profile}.yaml"
-    if not profile or not path.is_file():
+def profile_settings(cfg: Any, path: Path | None, typed: set[str] = frozenset()) -> dict[str, Any]:
+    """The keys a hardware profile file (conf/hardware/<profile>.yaml) sets and the run kept (not `typed` on the
+    command line), with the values the run has."""
+    if path is None or not path.is_file():
         return {}
     keys = _leaves(OmegaConf.to_container(OmegaConf.load(path)))
     return {key: OmegaConf.select(cfg, key) for key in keys if key != "defaults" and key not in typed}
 
 
-def write_plan(cfg: Any, run_dir: Path, env: DistEnv, device, plan, trainer, profile: str | None,
+def write_plan(cfg: Any, run_dir: Path, env: DistEnv, device, plan, trainer, profile: Path | None,
                typed: set[str] = frozenset()) -> dict:
-    """Log the settled plan in one line (and what the profile set beyond the loader and trainer), save it."""
+    """Log the settled plan in one line (and what the `profile` file set beyond the loader and trainer), save it."""
     data, tc = cfg.data, cfg.trainer
     workers = plan.num_workers
     record = {
@@ -56,7 +54,7 @@ def write_plan(cfg: Any, run_dir: Path, env: DistEnv, device, plan, trainer, pro
         },
         "steps": {"per_epoch": trainer.plan.steps_per_epoch, "total": trainer.plan.total_steps,
                   "max_steps": tc.max_steps},
-        "hardware": {"profile": profile, "sets": profile_settings(cfg, profile, typed)},
+        "hardware": {"profile": profile and profile.stem, "sets": profile_settings(cfg, profile, typed)},
     }
     path = run_dir / PLAN
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -70,7 +68,7 @@ def write_plan(cfg: Any, run_dir: Path, env: DistEnv, device, plan, trainer, pro
              env.world_size, record["precision"], device, shown_path(path))
     beyond = {k: v for k, v in record["hardware"]["sets"].items() if not k.startswith(("data.", "trainer."))}
     if beyond:
-        log.info("hardware=%s also sets %s (set them on the command line to choose otherwise)", profile,
+        log.info("hardware=%s also sets %s (set them on the command line to choose otherwise)", profile.stem,
                  ", ".join(f"{key}={value}" for key, value in beyond.items()))
     return record
 

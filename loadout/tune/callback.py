@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from loadout.errors import ConfigError
-from loadout.tune.profile import pick_best, profile_text, write_profile
+from loadout.tune.profile import default_profile, pick_best, profile_text, write_profile
 from loadout.tune.report import describe_machine, gather, machine_info, table, write_report
 from loadout.tune.timing import progress_bar
 
@@ -83,6 +83,6 @@ class TuneCallback(Callback):
             _exit(error)
         if best is not None:
             text = profile_text(best, describe_machine(machine), dataset, tune.memory_budget_mb)
-            path = write_profile(text, tune.profile_path)
+            path = write_profile(text, Path(tune.profile_path) if tune.profile_path else default_profile(config))
             print(f"autotune: job {best['job']} written to {path} (use it with hardware="
                   f"{path.stem if path.parent.name == 'hardware' else '<its name>'})")

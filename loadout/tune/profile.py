@@ -9,8 +9,6 @@ from omegaconf import OmegaConf
 
 from loadout.errors import ConfigError
 
-DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "conf" / "hardware" / "local.yaml"
-
 
 def pick_best(results: list[dict], memory_budget_mb: float | None, tolerance: float) -> dict:
     """The fastest measured setting whose peak PSS fits the budget; within `tolerance` of it, the least memory wins."""
@@ -48,8 +46,13 @@ def profile_text(best: dict, machine_line: str, dataset: dict | None, budget: fl
     return "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(settings))
 
 
-def write_profile(text: str, path: str | None) -> Path:
-    target = Path(path) if path else DEFAULT_PROFILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    return target
+def default_profile(config) -> Path:
+    """hardware/local.yaml in the sweep's own config folder (Hydra's primary config source): `hardware=local`."""
+    main = next(source for source in config.hydra.runtime.config_sources if source.provider == "main")
+    return Path(main.path) / "hardware" / "local.yaml"
+
+
+def write_profile(text: str, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
