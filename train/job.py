@@ -209,8 +209,6 @@ def continue_command(run_dir: Path) -> str:
     return f"{launcher} trainer.resume=auto hydra.run.dir={shown_path(run_dir)}"
 
 
-
-
 def data_from_config(cfg, env: DistEnv, device, recipe=None, typed_workers: bool = True):
     """`build_data` with every part built from a composed config (tests, benchmarks)."""
     from loadout.build import instantiate

@@ -96,13 +96,18 @@ def crop_batch(image_of, order, tops: list[int], lefts: list[int], height: int, 
                flips: list[bool], channels_last: bool = False) -> torch.Tensor:
     """uint8 (n, 3, height, width): image_of(k)'s box at (tops[k], lefts[k]), mirrored where flips[k], taken in
     `order` (every k once) into one batch array. image_of(k) is (3, H, W), or (H, W, 3) with `channels_last`: then
-    the batch is HWC in memory too (a permuted view), so each box row is one contiguous copy."""
+    the batch is HWC in memory too (a permuted view), so each box row is one contiguous copy. An HWC box is mirrored
+    by torch after the copy: numpy's reversed copy of 3-byte pixels runs a few bytes at a time (6x the time)."""
     batch = np.empty((len(tops), height, width, 3) if channels_last else (len(tops), 3, height, width),
                      dtype=np.uint8)
+    tensor = torch.from_numpy(batch)
     for k in order:
         y, x = tops[k], lefts[k]
-        crop = image_of(k)[y:y + height, x:x + width] if channels_last else image_of(k)[:, y:y + height,
-                                                                                          x:x + width]
-        batch[k] = crop[:, ::-1] if flips[k] and channels_last else crop[..., ::-1] if flips[k] else crop
-    batch = torch.from_numpy(batch)
-    return batch.permute(0, 3, 1, 2) if channels_last else batch
+        if channels_last:
+            batch[k] = image_of(k)[y:y + height, x:x + width]
+            if flips[k]:
+                tensor[k] = tensor[k].flip(1)
+        else:
+            crop = image_of(k)[:, y:y + height, x:x + width]
+            batch[k] = crop[..., ::-1] if flips[k] else crop
+    return tensor.permute(0, 3, 1, 2) if channels_last else tensor
