@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from loadout.data import DataPipeline
 from loadout.data.loader.batch import Batch
+from loadout.data.pipeline import DataPipeline
 from loadout.dist import DistEnv
 from loadout.observe.meter import EpochMeter
 from train.config import register

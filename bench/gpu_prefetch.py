@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from common import SEED_DATA, config, host_batches, machine
 
-from loadout.data import DataPipeline
 from loadout.data.loader.batch import Batch
+from loadout.data.pipeline import DataPipeline
 from loadout.data.transforms import DeviceNormalize
 from loadout.dist import DistEnv
 from loadout.observe.meter import EpochMeter

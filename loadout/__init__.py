@@ -27,9 +27,9 @@ _PUBLIC = {
     "LoaderPlan": ("loadout.data.loader.plan", "LoaderPlan"),
     "Source": ("loadout.data.source", "Source"),
     "ImageFolderDataset": ("loadout.data.datasets", "ImageFolderDataset"),
-    "build_sources": ("loadout.data", "build_sources"),
-    "build_data": ("loadout.data", "build_data"),
-    "DataPipeline": ("loadout.data", "DataPipeline"),
+    "build_sources": ("loadout.data.pipeline", "build_sources"),
+    "build_data": ("loadout.data.pipeline", "build_data"),
+    "DataPipeline": ("loadout.data.pipeline", "DataPipeline"),
     "Batch": ("loadout.data.loader.batch", "Batch"),
     # observation: the epoch's figures and the doctor that names what bounds it
     "EpochMeter": ("loadout.observe.meter", "EpochMeter"),
@@ -42,7 +42,7 @@ _PUBLIC = {
     "StopSignal": ("loadout.runtime.stop", "StopSignal"),
     "NonFiniteWatch": ("loadout.runtime.nonfinite", "NonFiniteWatch"),
     # the floor
-    "DistEnv": ("loadout.dist", "DistEnv"),
+    "DistEnv": ("loadout.dist_env", "DistEnv"),
     "select_device": ("loadout.device", "select_device"),
     "seed_everything": ("loadout.dist", "seed_everything"),
     "Failure": ("loadout.errors", "Failure"),

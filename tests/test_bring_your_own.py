@@ -13,8 +13,8 @@ from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from loadout.build import instantiate
-from loadout.data import build_sources
 from loadout.data.config import drop_worker_knobs
+from loadout.data.pipeline import build_sources
 from loadout.dist import DistEnv
 from loadout.errors import ConfigError
 from loadout.run.overrides import check_command_line

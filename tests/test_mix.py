@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from loadout.data import build_sources
 from loadout.data.loader.samplers import build_sampler
 from loadout.data.mix import MixReadError, MixSource
+from loadout.data.pipeline import build_sources
 from loadout.data.samples import Samples
 from loadout.data.source import check_first, sample_name
 from loadout.dist import DistEnv

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from loadout.data import build_sources
 from loadout.data.mix import MixSource
+from loadout.data.pipeline import build_sources
 from loadout.data.samples import Samples
 from loadout.data.seg_augment import SegmentationRecipe, joint
 from loadout.errors import ConfigError

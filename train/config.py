@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
@@ -41,6 +40,8 @@ class LoadoutConfig:
 
 
 def _if_cuda(on_cuda: Any, otherwise: Any) -> Any:
+    import torch  # here: checking a command line composes without torch; resolving this key needs it
+
     return on_cuda if torch.cuda.is_available() else otherwise
 
 

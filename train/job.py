@@ -62,7 +62,7 @@ def train_in(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, stop: S
     by this run."""
     from loadout import dist
     from loadout.build import instantiate
-    from loadout.data import build_data, build_sources
+    from loadout.data.pipeline import build_data, build_sources
     from loadout.observe import trackers
     from loadout.observe.monitoring import Monitor
     from loadout.runtime import checkpoint
@@ -212,8 +212,8 @@ def continue_command(run_dir: Path) -> str:
 def data_from_config(cfg, env: DistEnv, device, recipe=None, typed_workers: bool = True):
     """`build_data` with every part built from a composed config (tests, benchmarks)."""
     from loadout.build import instantiate
-    from loadout.data import build_data, build_sources
     from loadout.data.loader.plan import LoaderPlan
+    from loadout.data.pipeline import build_data, build_sources
     from train.task import build_task
 
     recipe = recipe or instantiate("augment", cfg.augment)

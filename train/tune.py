@@ -16,9 +16,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from loadout.build import instantiate
-from loadout.data import build_data, build_sources
 from loadout.data.config import drop_worker_knobs
 from loadout.data.loader.plan import LoaderPlan
+from loadout.data.pipeline import build_data, build_sources
 from loadout.device import select_device
 from loadout.dist import DistEnv, seed_everything
 from loadout.errors import ConfigError, bad_value

@@ -43,7 +43,7 @@ def prepare(argv: list[str], schema: Schema) -> list[str]:
     """The arguments Hydra gets: the overrides checked against the template's `schema` (one line and exit 2 on a bad
     one), a resume's run replayed, `--cfg` printing resolved values, and the quiet overrides of ranks > 0."""
     from loadout.credentials import without_credentials
-    from loadout.dist import DistEnv, hydra_rank_overrides
+    from loadout.dist_env import DistEnv, hydra_rank_overrides
     from loadout.errors import ConfigError
     from loadout.run.resume_run import check_unchanged, replay, resumed_dir
 

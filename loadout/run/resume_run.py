@@ -53,11 +53,11 @@ def value_of(argv: list[str], key: str) -> str | None:
 def resumed_dir(argv: list[str]) -> Path | None:
     """The run dir this command continues: trainer.resume=auto and hydra.run.dir naming a dir with the run's saved
     overrides and a checkpoint; None for a new run (also when there is nothing to resume there)."""
-    from loadout.runtime.checkpoint import candidates
-
     run_dir = value_of(argv, "hydra.run.dir")
     if value_of(argv, "trainer.resume") != "auto" or run_dir is None:
         return None
+    from loadout.runtime.checkpoint import candidates  # torch: only a resume pays for it before Hydra starts
+
     run_dir = Path(run_dir)
     return run_dir if (run_dir / ".hydra" / "overrides.yaml").is_file() and candidates(run_dir) else None
 

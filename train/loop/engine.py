@@ -18,10 +18,10 @@ import torch
 from omegaconf import OmegaConf
 
 from loadout.build import instantiate
-from loadout.data import DataPipeline
 from loadout.data.loader.autotune import Autotune
 from loadout.data.loader.batch import Batch
 from loadout.data.loader.stages import since
+from loadout.data.pipeline import DataPipeline
 from loadout.dist import DistEnv, any_rank, barrier
 from loadout.errors import Diverged
 from loadout.observe.console import Console

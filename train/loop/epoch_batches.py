@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import islice
 
-from loadout.data import DataPipeline
 from loadout.data.loader.batch import Batch
+from loadout.data.pipeline import DataPipeline
 
 
 def batches_per_epoch(train_batches: int, limit: int | None, overfit: int) -> int:
