@@ -69,9 +69,13 @@ train: setup dataset ## Train on the embedded dataset (ARGS="hardware=cpu traine
 torchrun: setup dataset ## Train with torchrun on this box: make torchrun NPROC=2 ARGS="hardware=cpu trainer.epochs=1"
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m train $(ARGS)
 
+# Two pytest processes, each test file whole in one of them (its module fixtures made once): most tests wait on the
+# processes, servers and timeouts they start, so two keep a 2-core box busy (bench/RESULTS.md, "Tests and CI").
+# TEST_WORKERS=0 runs every test in one process.
+TEST_WORKERS ?= 2
 test: setup-dev ## Run the test suite (lint included)
 	$(PY) -m ruff check loadout train scripts tests bench examples
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-fast: setup-dev ## Run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
