@@ -61,10 +61,24 @@ def test_every_public_name_resolves_and_is_documented():
 
 
 def test_import_loadout_imports_no_torch():
-    """Every `import loadout.<module>` runs loadout/__init__.py first: it must not cost a torch import."""
-    probe = "import sys, loadout, loadout.errors; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    """Every `import loadout.<module>` runs loadout/__init__.py first: it must not cost a torch import. Nor does what
+    checks `python -m train`'s command line (the schemas, the command line, loadout.data's package file)."""
+    probe = ("import sys, loadout, loadout.errors, loadout.data.config, loadout.dist_env, loadout.run.command_line, "
+             "train.config; print(sorted({'torch', 'numpy'} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "[]", result.stderr[-2000:]
+
+
+def test_build_data_checks_a_plain_data_config_before_any_worker(tiny_dataset):
+    import loadout
+
+    env = loadout.DistEnv()
+    settings = loadout.DataConfig(image_size=32, batch_size=8, num_workers=0, persistent_workers=True)
+    device = loadout.select_device("cpu", env)
+    plan = loadout.LoaderPlan.from_config(settings, env, device)
+    sources = loadout.ImageFolderDataset(tiny_dataset, "train"), loadout.ImageFolderDataset(tiny_dataset, "val")
+    with pytest.raises(loadout.ConfigError, match=r"^data.persistent_workers=\S+: only valid with data.num_workers"):
+        loadout.build_data(settings, sources, None, plan, env, device, seed=0, epochs=1, channels_last=False)
 
 
 @pytest.mark.slow

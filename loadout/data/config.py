@@ -73,7 +73,8 @@ def drop_worker_knobs(cfg: Any, typed: set[str] = frozenset()) -> list[str]:
 
 
 def check_data(data: Any) -> None:
-    """Reject `data:` settings that are wrong together, naming the key and the fix, before any worker starts."""
+    """Reject `data:` settings that are wrong together, naming the key and the fix, before any worker starts: the
+    composed `data:` section or a plain `DataConfig` (build_data checks what it is given)."""
     if data.decode == "device" and not data.device_transforms:
         bad_value("data.decode", data.decode, "decoded on the device, images are normalized there too: set "
               "data.device_transforms=true")
@@ -96,6 +97,7 @@ def check_data(data: Any) -> None:
     if data.prefetch_factor is not None and data.prefetch_factor < 1:
         bad_value("data.prefetch_factor", data.prefetch_factor, "use an integer >= 1 or null")
     for key, off in WORKER_ONLY_KNOBS.items():
-        if nw == 0 and data[key] not in off:
-            bad_value(f"data.{key}", data[key], f"only valid with data.num_workers > 0: set data.{key}={shown(off[0])} "
-                  "or raise data.num_workers")
+        value = getattr(data, key)
+        if nw == 0 and value not in off:
+            bad_value(f"data.{key}", value, f"only valid with data.num_workers > 0: set data.{key}={shown(off[0])} "
+                      "or raise data.num_workers")
