@@ -213,8 +213,7 @@ def test_a_sweep_with_a_value_outside_a_choice_fails_in_the_same_line():
     from hydra import initialize_config_dir
 
     from train import CONF
-    from train.config import register
-    from train.tune import check_sweep, register_tune
+    from train.config import check_sweep, register, register_tune
 
     register()
     register_tune()

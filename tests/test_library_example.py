@@ -73,11 +73,11 @@ def test_build_data_checks_a_plain_data_config_before_any_worker(tiny_dataset):
     import loadout
 
     env = loadout.DistEnv()
-    settings = loadout.DataConfig(image_size=32, batch_size=8, num_workers=0, persistent_workers=True)
+    settings = loadout.DataConfig(image_size=32, resize_size=16, batch_size=8, num_workers=0)
     device = loadout.select_device("cpu", env)
     plan = loadout.LoaderPlan.from_config(settings, env, device)
     sources = loadout.ImageFolderDataset(tiny_dataset, "train"), loadout.ImageFolderDataset(tiny_dataset, "val")
-    with pytest.raises(loadout.ConfigError, match=r"^data.persistent_workers=\S+: only valid with data.num_workers"):
+    with pytest.raises(loadout.ConfigError, match=r"^data.resize_size=16: use a size >= data.image_size \(32\)"):
         loadout.build_data(settings, sources, None, plan, env, device, seed=0, epochs=1, channels_last=False)
 
 

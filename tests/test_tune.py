@@ -22,7 +22,7 @@ from loadout.tune.profile import pick_best
 from loadout.tune.report import swept_elsewhere, table
 from loadout.tune.sweep import default_sweep, expand_sweep
 from tests.conftest import CONF, compose_config, read_metrics, run_cli
-from train.tune import check_sweep, register_tune
+from train.config import check_sweep, register_tune
 
 TINY = ["hardware=cpu", "data.image_size=32", "data.batch_size=16", "trainer.progress=false",
         "tune.repeats=3", "tune.warmup_batches=1", "tune.batches=3"]

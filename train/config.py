@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from loadout.data.config import DataConfig, check_data
 from loadout.errors import bad_value
 from loadout.run.overrides import Schema
+from loadout.tune import sweep
 from train import CONF
 from train.loop.config import TrainerConfig, check_trainer
 
@@ -73,3 +74,20 @@ def validate(cfg: Any) -> None:
     lr = OmegaConf.select(cfg, "optimizer.lr")
     if lr is not None and lr <= 0:
         bad_value("optimizer.lr", lr, "use a positive learning rate")
+
+
+def register_tune() -> None:
+    """`python -m train.tune`'s: the tune node's schema and the training schema; safe to call more than once."""
+    register()
+    sweep.register_tune_schema()
+
+
+def validate_tune(cfg) -> None:
+    """The training config's checks plus the tune node's, naming the key and the fix."""
+    validate(cfg)
+    sweep.check_tune(cfg.tune)
+
+
+def check_sweep(config_name: str, overrides: list[str]) -> int:
+    """Every job of the sweep composed and validated before the first starts; the number of jobs."""
+    return sweep.check_sweep(config_name, overrides, validate_tune, LoadoutConfig)

@@ -120,7 +120,7 @@ def record_start(cfg: DictConfig, run_dir: Path, env: DistEnv, device, plan, tra
     """Rank 0, with the run dir held and any checkpoint loaded: the plan in plan.json, a resume's overrides in
     `.hydra/resumes.yaml` (what later resumes replay), or that trainer.resume=auto found nothing."""
     profile = hydra_choice("hardware")
-    write_plan(cfg, run_dir, env, device, plan, trainer, profile and CONF / "hardware" / f"{profile}.yaml",
+    write_plan(cfg, run_dir, env, device, plan, trainer, profile, profile and CONF / "hardware" / f"{profile}.yaml",
                command_line_keys())
     if resume_path is not None and resume_run.resumed_dir(command_line()) is not None:
         resume_run.record(run_dir, list(HydraConfig.get().overrides.task))

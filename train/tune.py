@@ -1,8 +1,8 @@
 """`python -m train.tune -m data.num_workers=0,2,4 ...`: measure the data loader on this machine, one Hydra job per
 setting. Each job builds the template's data path and, with tune.with_model=true, its model and step from the job's
-config (`measure`); the library times it (loadout/tune/timing.py), keeps its record (job_record.py), and the sweep's
-callback (loadout/tune/callback.py, handed `check_sweep` by conf/tune.yaml) checks every job first, then writes the
-report and, with tune.autotune=true, a hardware profile.
+config (`measure`); the library times it (loadout/tune/timing.py) and keeps its record (job_record.py), and the
+sweep's callback (loadout/tune/callback.py, handed train/config.py's `check_sweep` by conf/tune.yaml) checks every job
+first, then writes the report and, with tune.autotune=true, a hardware profile.
 """
 
 from __future__ import annotations
@@ -23,33 +23,15 @@ from loadout.device import select_device
 from loadout.dist import DistEnv, seed_everything
 from loadout.errors import ConfigError, bad_value
 from loadout.observe.memory import MemorySampler
-from loadout.tune import sweep
 from loadout.tune.job_record import begin_record, find_duplicate, precision_dir, run_job, settle_once
 from loadout.tune.timing import timed_epochs
 from train import CONF
-from train.config import LoadoutConfig, register, validate
+from train.config import register_tune, validate_tune
 from train.loop.model import build_model
 from train.loop.step import TrainStep
 from train.task import build_task
 
 log = logging.getLogger("train.tune")
-
-
-def register_tune() -> None:
-    """The tune node's schema and the training schema; safe to call more than once."""
-    register()
-    sweep.register_tune_schema()
-
-
-def validate_tune(cfg) -> None:
-    """The training config's checks plus the tune node's, naming the key and the fix."""
-    validate(cfg)
-    sweep.check_tune(cfg.tune)
-
-
-def check_sweep(config_name: str, overrides: list[str]) -> int:
-    """Every job of the sweep composed and validated before the first starts; the number of jobs."""
-    return sweep.check_sweep(config_name, overrides, validate_tune, LoadoutConfig)
 
 
 def measure(cfg: DictConfig, job_dir: Path, job: int) -> dict:

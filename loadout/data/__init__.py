@@ -10,11 +10,15 @@ so this file imports nothing: `loadout.data.build_data` and the pipeline's other
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
-_PIPELINE = ("DataPipeline", "LoaderRecipe", "build_data", "build_sources")
+if TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ below
+    from loadout.data.pipeline import DataPipeline, LoaderRecipe, build_data, build_sources
+
+__all__ = ["DataPipeline", "LoaderRecipe", "build_data", "build_sources"]
 
 
 def __getattr__(name: str):
-    if name in _PIPELINE:
+    if name in __all__:
         return getattr(import_module("loadout.data.pipeline"), name)
     raise AttributeError(f"module 'loadout.data' has no attribute {name!r}")

@@ -72,9 +72,9 @@ def drop_worker_knobs(cfg: Any, typed: set[str] = frozenset()) -> list[str]:
     return changed
 
 
-def check_data(data: Any) -> None:
-    """Reject `data:` settings that are wrong together, naming the key and the fix, before any worker starts: the
-    composed `data:` section or a plain `DataConfig` (build_data checks what it is given)."""
+def check_values(data: Any) -> None:
+    """Reject `data:` values that cannot work, naming the key and the fix, before any worker starts: the composed
+    `data:` section or a plain `DataConfig` (build_data checks what it is given)."""
     if data.decode == "device" and not data.device_transforms:
         bad_value("data.decode", data.decode, "decoded on the device, images are normalized there too: set "
               "data.device_transforms=true")
@@ -96,6 +96,14 @@ def check_data(data: Any) -> None:
         bad_value("data.num_workers", nw, "use an integer >= 0 or auto")
     if data.prefetch_factor is not None and data.prefetch_factor < 1:
         bad_value("data.prefetch_factor", data.prefetch_factor, "use an integer >= 1 or null")
+
+
+def check_data(data: Any) -> None:
+    """`check_values`, and a worker-only knob typed with data.num_workers=0 (after `drop_worker_knobs`, which turns
+    off those a profile set): the command line's check. The loader itself ignores them without workers (a run that
+    data.autotune starts at 0 workers keeps its prefetch depth for later)."""
+    check_values(data)
+    nw = data.num_workers
     for key, off in WORKER_ONLY_KNOBS.items():
         value = getattr(data, key)
         if nw == 0 and value not in off:

@@ -17,7 +17,7 @@ import torch
 
 from loadout.build import fitted_spec, instantiate
 from loadout.data.capabilities import Offers
-from loadout.data.config import check_data
+from loadout.data.config import check_values
 from loadout.data.fast.cache import SharedSampleCache
 from loadout.data.fast.encoded import device_decoding
 from loadout.data.loader.activity import ActivityBoard
@@ -181,7 +181,7 @@ def build_data(data, sources: tuple[Source, Source], recipe, plan: LoaderPlan, e
     """Both loaders from the `data:` section, the sources, the augmentation recipe (its `train_transform` and
     `val_transform`: the template's augment recipes) and the plan; every check that can fail runs here, before any
     worker starts."""
-    check_data(data)
+    check_values(data)
     train, val = sources
     cache = _sample_cache(data, train)
     stored = Offers.of(train).size  # the side of square stored samples (packed): no Resize for them

@@ -35,9 +35,10 @@ def profile_settings(cfg: Any, path: Path | None, typed: set[str] = frozenset())
     return {key: OmegaConf.select(cfg, key) for key in keys if key != "defaults" and key not in typed}
 
 
-def write_plan(cfg: Any, run_dir: Path, env: DistEnv, device, plan, trainer, profile: Path | None,
-               typed: set[str] = frozenset()) -> dict:
-    """Log the settled plan in one line (and what the `profile` file set beyond the loader and trainer), save it."""
+def write_plan(cfg: Any, run_dir: Path, env: DistEnv, device, plan, trainer, profile: str | None,
+               profile_file: Path | None, typed: set[str] = frozenset()) -> dict:
+    """Log the settled plan in one line (and what the hardware `profile`'s file set beyond the loader and trainer),
+    save it."""
     data, tc = cfg.data, cfg.trainer
     workers = plan.num_workers
     record = {
@@ -54,7 +55,7 @@ def write_plan(cfg: Any, run_dir: Path, env: DistEnv, device, plan, trainer, pro
         },
         "steps": {"per_epoch": trainer.plan.steps_per_epoch, "total": trainer.plan.total_steps,
                   "max_steps": tc.max_steps},
-        "hardware": {"profile": profile and profile.stem, "sets": profile_settings(cfg, profile, typed)},
+        "hardware": {"profile": profile, "sets": profile_settings(cfg, profile_file, typed)},
     }
     path = run_dir / PLAN
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -68,7 +69,7 @@ def write_plan(cfg: Any, run_dir: Path, env: DistEnv, device, plan, trainer, pro
              env.world_size, record["precision"], device, shown_path(path))
     beyond = {k: v for k, v in record["hardware"]["sets"].items() if not k.startswith(("data.", "trainer."))}
     if beyond:
-        log.info("hardware=%s also sets %s (set them on the command line to choose otherwise)", profile.stem,
+        log.info("hardware=%s also sets %s (set them on the command line to choose otherwise)", profile,
                  ", ".join(f"{key}={value}" for key, value in beyond.items()))
     return record
 

@@ -1,1 +1,3 @@
-"""`make tune`'s reusable parts: timing a data path, the sweep's report and profile, the measured CPU precision."""
+"""`make tune`'s engine: the sweep's `tune:` schema and its check before any job (sweep.py), each job's record
+(job_record.py) and timing (timing.py), the report and autotuned profile (callback.py, report.py, profile.py), the
+measured CPU precision (cpu_precision.py). The template hands in what a job builds (train/tune.py)."""

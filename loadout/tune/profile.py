@@ -48,8 +48,12 @@ def profile_text(best: dict, machine_line: str, dataset: dict | None, budget: fl
 
 def default_profile(config) -> Path:
     """hardware/local.yaml in the sweep's own config folder (Hydra's primary config source): `hardware=local`."""
-    main = next(source for source in config.hydra.runtime.config_sources if source.provider == "main")
-    return Path(main.path) / "hardware" / "local.yaml"
+    folders = [source.path for source in config.hydra.runtime.config_sources
+               if source.provider == "main" and source.schema == "file"]
+    if not folders:
+        raise ConfigError("tune.profile_path: the sweep's config is not a folder on disk; set "
+                          "tune.profile_path=<file>.yaml")
+    return Path(folders[0]) / "hardware" / "local.yaml"
 
 
 def write_profile(text: str, path: Path) -> Path:

@@ -10,7 +10,6 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from hydra import compose
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -19,7 +18,6 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from loadout.data.config import drop_worker_knobs
-from loadout.data.loader.plan import usable_cores
 from loadout.errors import ConfigError, bad_value
 from loadout.run.overrides import wrong_type
 
@@ -101,6 +99,10 @@ def default_sweep(cores: int | None = None, cuda: bool | None = None) -> str:
     ride out slow samples; pin_memory only with CUDA. Not persistent_workers: one loader iterator spans all
     training epochs (loadout/data/loader/stream.py), so its workers never restart and the knob cannot change what is
     timed."""
+    import torch  # here: train/config.py imports this module, and checking a command line loads no torch
+
+    from loadout.data.loader.plan import usable_cores
+
     cores = usable_cores() if cores is None else cores
     cuda = torch.cuda.is_available() if cuda is None else cuda
     start = max(1, int(0.75 * cores))
