@@ -169,6 +169,8 @@ def test_the_converter_writes_what_the_folder_holds(tiny_dataset, tmp_path):
     assert all(torch.equal(mapped[i][0], pixels[i][0]) for i in (0, 7, len(folder) - 1))
     crops = [s.read_crops([9, 2], [1, 3], [2, 0], 32, 32, [True, False]) for s in (mapped, pixels)]
     assert torch.equal(*crops)
+    assert torch.equal(crops[0][0], mapped[9][0][:, 1:33, 2:34].flip(-1))  # the mirrored box, as a view would give
+    assert torch.equal(crops[0][1], mapped[2][0][:, 3:35, 0:32])
     with h5py.File(tmp_path / "pixels.h5", "r", locking=False) as f:  # as the source holds it open
         assert f["train/images"].compression == "gzip" and f["train/images"].chunks == (1, 36, 36, 3)
 

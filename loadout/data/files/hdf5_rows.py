@@ -58,7 +58,6 @@ class Rows:
         self.zeros, self.count = (0,) * len(self.shape), (1, *self.shape)
         self.map: np.ndarray | None = None
         self.offsets: np.ndarray | None = None
-        self.row_bytes = int(np.prod(self.shape))
 
     def mapped(self, path: str, offsets: np.ndarray) -> Rows:
         self.map, self.offsets = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray), offsets
@@ -66,12 +65,20 @@ class Rows:
 
     def __getitem__(self, index: int) -> np.ndarray:
         if self.map is not None:
-            start = int(self.offsets[index])
-            return self.map[start:start + self.row_bytes].reshape(self.shape)
+            return np.ndarray(self.shape, np.uint8, self.map, int(self.offsets[index]))
         out = np.empty(self.count, dtype=self.dtype)
         self.space.select_hyperslab((index, *self.zeros), self.count)
         self.dataset.id.read(self.memory, self.space, out, mtype=self.type)
         return out[0]
+
+    def at(self, indices: np.ndarray):
+        """k -> row indices[k], for a batch: mapped rows' offsets looked up once (a row a lookup costs as much as
+        its box's copy)."""
+        if self.map is None:
+            index_list = indices.tolist()
+            return lambda k: self[index_list[k]]
+        shape, buffer, starts = self.shape, self.map, self.offsets[indices].tolist()
+        return lambda k: np.ndarray(shape, np.uint8, buffer, starts[k])
 
 
 VLEN_REF = np.dtype([("length", "<u4"), ("collection", "<u8"), ("index", "<u4")])  # a stored vlen element

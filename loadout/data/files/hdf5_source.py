@@ -156,8 +156,8 @@ class HDF5Pixels(HDF5Split):
                    flips: list[bool]) -> torch.Tensor:
         """uint8 (n, 3, height, width): each box cut and mirrored as the packed format's are, the rows read in index
         order (the file reads forwards)."""
-        index_list = np.asarray(indices, dtype=np.int64).tolist()
-        images, last = self.rows.get().images, self._hwc3
-        return crop_batch(lambda k: images[index_list[k]] if last else self._chw(images[index_list[k]]),
-                          sorted(range(len(index_list)), key=index_list.__getitem__), tops, lefts, height, width, flips,
+        indices = np.asarray(indices, dtype=np.int64)
+        row_of, last = self.rows.get().images.at(indices), self._hwc3
+        order = np.argsort(indices, kind="stable").tolist()
+        return crop_batch(row_of if last else lambda k: self._chw(row_of(k)), order, tops, lefts, height, width, flips,
                           channels_last=last)
