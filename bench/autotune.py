@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """data.autotune (loadout/data/loader/autotune.py): a training run started badly (data.num_workers=0, prefetch 1) with
-autotune on, against the best static loader configuration of this machine, each a real 3-epoch run of the trainer
-(the 320 px JPEGs at Resize 256 -> RandomCrop 224, a small model whose step takes about as long as a decode).
+autotune on, against the best static loader configuration of this machine, each a real 3-epoch run of the trainer on
+the decode-bound run issue 47 names: real photos (`make bench`'s photos-500), RandomResizedCrop 224 + flip, batch 64,
+peers.StepModel (a model too small to matter).
 
 Printed: every run's images/s per epoch, and the tuned run's third epoch over the best static configuration's third
 epoch (the same epoch in each run: the same page cache, the same first batch after validation), taken in each round
@@ -17,35 +18,29 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import SEED_DATA, config, machine, report
+from common import config, machine, report
+from peers import StepModel
+from real_photos import REAL_DATA
 
 from loadout.dist import DistEnv, seed_everything
 from train.job import data_from_config
 from train.loop.engine import Trainer
 
 CPU = torch.device("cpu")
-ROUNDS, TARGET, BATCHES = 3, 0.95, 16
-COMMON = ("data.batch_size=16", "data.image_size=224", "data.prefetch_factor=1", "trainer.epochs=3",
-          f"trainer.limit_batches={BATCHES}", "trainer.progress=false", "logger=[]", "augment=crop_flip")
+ROUNDS, TARGET = 3, 0.95
+COMMON = ("dataset=imagefolder", "augment=imagenet", "data.batch_size=64", "data.image_size=224",
+          "data.prefetch_factor=1", "trainer.epochs=3", "trainer.progress=false", "logger=[]")
 STATIC = {"0 workers": ("data.num_workers=0",), "1 worker": ("data.num_workers=1", "data.prefetch_factor=2"),
-          "1 worker, prefetch 4": ("data.num_workers=1", "data.prefetch_factor=4"),
-          "2 workers": ("data.num_workers=2", "data.prefetch_factor=2")}
-
-
-def small_model(classes: int) -> torch.nn.Module:
-    """A step about as long as decoding a 320 px JPEG: a loader that decodes beside the step (workers) can double
-    the pace of one that decodes between steps (num_workers=0)."""
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 5, stride=4), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 3, stride=2),
-                               torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                               torch.nn.Linear(16, classes))
+          "2 workers": ("data.num_workers=2", "data.prefetch_factor=2"),
+          "2 workers, prefetch 4": ("data.num_workers=2", "data.prefetch_factor=4")}
 
 
 def epochs_images_per_s(*overrides: str) -> list[float]:
     """images/s of each epoch of one real 3-epoch run."""
-    cfg = config(*COMMON, *overrides, root=SEED_DATA)
+    cfg = config(*COMMON, *overrides, root=REAL_DATA)
     with tempfile.TemporaryDirectory() as run_dir, data_from_config(cfg, DistEnv(), CPU) as data:
         seed_everything(cfg.trainer.seed, DistEnv())
-        trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, small_model(data.num_classes), Path(run_dir))
+        trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, StepModel(data.num_classes), Path(run_dir))
         return [record["images_per_s"] for record in trainer.fit()]
 
 

@@ -43,8 +43,8 @@ def rank_main(root: str, out_dir: str) -> None:
                           "dataset._target_=tests.test_autotune_ddp.SlowReads"])
     notes: dict = {}
     with data_from_config(cfg, env, CPU) as data:
-        # the cores' shares differ: 1 worker on rank 0 (4 cores / 2 processes), 3 on rank 1 (8 / 2)
-        tune = Autotune(data, env, cores=4 if env.rank == 0 else 8)
+        # the cores' shares differ: 1 worker on rank 0 (2 cores / 2 processes), 3-4 on rank 1 (8 / 2)
+        tune = Autotune(data, env, cores=2 if env.rank == 0 else 8)
         doctor = Doctor(Machine(cores=4, num_workers=0))
         meter = EpochMeter(CPU)
         data.set_epoch(0)

@@ -11,7 +11,8 @@ or one the loader keeps up with, changes nothing. When RAM or /dev/shm nears its
 The cores free are this process's share of the cores less what its main process really used over the stretch (its
 CPU seconds over the wall seconds, every thread counted), and never fewer than plan.worker_share's 3/4 of the cores:
 a main process that mostly waits for its workers leaves its core to them (on 2 cores, 2 workers rather than 1). A
-main process without workers loads every sample itself, so it is taken to hold its core.
+main process without workers loads every sample itself: it is judged by what it keeps once workers load them (the
+step, the copy), at the pace the cores then allow, so a decode-bound run goes straight to the cores' worth.
 A change is a guess from the diagnosis: the next full stretch on the new plan is measured, and if its samples took
 longer than those before the change (by SLOWER), the plan goes back and stays (workers that cost the main process more
 in hand-offs than they save it in decoding, on a box whose cores the step already fills).
@@ -87,6 +88,13 @@ def cores_free(share: int, cores: float, main_cores: float | None) -> int:
     if main_cores is None:
         return share
     return max(share, math.floor(cores - main_cores + 0.5))
+
+
+def kept_cores(finding: Finding, cores: float) -> float:
+    """The cores a main process that loads its own samples would use once workers load them: what it keeps (a
+    sample's time less its loading; the step at least) over the pace `cores` then allow."""
+    kept = max(finding.sample_s - finding.worker_s, finding.step_s)
+    return kept / max(kept, (kept + finding.worker_s) / cores, 1e-9)
 
 
 def decide(finding: Finding | None, plan: LoaderPlan, cap: int, pressure: str | None,
@@ -212,7 +220,9 @@ class Autotune:
         """This rank's choice from `finding` (`used`: the cores its main process used meanwhile), the smallest over
         the ranks (one all-reduce each), applied."""
         plan, pressure = self.data.plan, memory_pressure()
-        cap = cores_free(self.cap, self.cores, used if plan.num_workers else None)  # without workers it holds one
+        if not plan.num_workers:  # it loads every sample itself: judged by what it keeps once workers load them
+            used = kept_cores(finding, self.cores) if finding is not None else None
+        cap = cores_free(self.cap, self.cores, used)
         change = decide(None if self.settled else finding, plan, cap, pressure, worker_bytes(self.sampler))
         workers, prefetch = (change.num_workers, change.prefetch_factor) if change else \
             (plan.num_workers, plan.prefetch_factor)
