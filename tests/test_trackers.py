@@ -121,8 +121,8 @@ def test_mlflow_keeps_one_run_through_a_sigterm_and_its_resume(mlflow_server, ti
 @pytest.mark.slow
 def test_an_mlflow_server_that_dies_mid_run_costs_its_figures_not_the_run(tiny_dataset, tmp_path):
     """The tracking server is killed in epoch 2 of 3, where MLflow's client retries each request for minutes: the
-    run trains on at its pace, finishes (every figure in metrics.jsonl) and exits after CLOSE_S at most, saying the
-    trackers' last calls did not arrive."""
+    run trains on at its pace, finishes (every figure in metrics.jsonl) and exits CLOSE_S at most after its last
+    epoch (however long training took on this machine), saying the trackers' last calls did not arrive."""
     from loadout.observe.trackers.delivery import CLOSE_S
 
     run_dir = tmp_path / "run"
@@ -133,12 +133,11 @@ def test_an_mlflow_server_that_dies_mid_run_costs_its_figures_not_the_run(tiny_d
                                 env={**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": url})
         wait_for(lambda: proc.poll() is not None or training_at(run_dir) >= (1, 2), 300, "epoch 2 to be under way")
         os.killpg(server.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        out = proc.communicate(timeout=300)[0]
-        took = time.monotonic() - killed
+        out = proc.communicate(timeout=600)[0]
+        took = time.time() - (run_dir / "metrics.jsonl").stat().st_mtime  # the last epoch's record was its last write
     assert proc.returncode == 0, out[-3000:]
     assert [record["epoch"] for record in read_metrics(run_dir)] == [1, 2, 3]
-    assert took < CLOSE_S + 60, f"{took:.0f} s from the server's death to the run's exit"
+    assert took < CLOSE_S + 60, f"{took:.0f} s from the last epoch's record to the run's exit"
     assert "the trackers did not deliver their last" in out, out[-3000:]
 
 
