@@ -157,6 +157,7 @@ def test_the_cores_free_are_those_the_main_process_leaves_never_fewer_than_the_s
     assert cores_free(1, 2.0, None) == 1  # not measured yet: 3/4 of the cores
     assert cores_free(1, 2.0, 1.1) == 1  # a main process decoding every sample itself holds its core
     assert cores_free(1, 2.0, 0.3) == 2  # one that mostly waits for its worker leaves its core to a second
+    assert cores_free(1, 2.0, 0.7) == 2 and cores_free(1, 2.0, 0.8) == 1  # a quarter of a core left counts
     assert cores_free(6, 8.0, 4.0) == 6  # a main process busy with its step never costs the share
 
 

@@ -423,7 +423,7 @@ def test_device_normalize_matches_worker_normalize(tiny_dataset):
         assert torch.equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("shape", [(4, 3, 24, 40), (1, 3, 1, 7), (2, 3, 5, 1)])
+@pytest.mark.parametrize("shape", [(4, 3, 24, 40), (1, 3, 1, 7), (2, 3, 5, 1), (3, 3, 120, 224)])  # the last: 4 slabs
 def test_a_channels_last_batch_normalizes_to_the_same_bits_as_the_plain_broadcast(shape):
     """The pixel-line path (NHWC memory as rows) against (x - mean) / std broadcast over the batch as it comes."""
     images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))

@@ -44,7 +44,11 @@ class LoaderRecipe:
     data: object  # the `data:` section
     env: DistEnv
     seed: int
-    to_device: Callable[[Iterable], Iterable]  # holds no reference back to the pipeline (see build_data)
+    to_device: Callable[..., Iterable]  # (batches, beside_workers=...); no reference back to the pipeline (build_data)
+
+    def feed(self, plan: LoaderPlan) -> Callable[[Iterable], Iterable]:
+        """The device prefetcher for `plan`: beside workers, a CPU batch is converted on one thread."""
+        return partial(self.to_device, beside_workers=plan.num_workers > 0)
 
 
 @dataclass
@@ -65,8 +69,9 @@ class DataPipeline:
         board = ActivityBoard(2 * plan.num_workers) if plan.num_workers else None
         train.board = val.board = board
         val.first_slot = plan.num_workers
-        self.train.replace_loader(*train_loader(train, plan, recipe.data, recipe.env, recipe.seed, self.train.batches))
-        self.val = recipe.to_device(build_val_loader(val, plan, recipe.data, recipe.env, recipe.seed))
+        self.train.replace_loader(*train_loader(train, plan, recipe.data, recipe.env, recipe.seed, self.train.batches),
+                                  recipe.feed(plan))
+        self.val = recipe.feed(plan)(build_val_loader(val, plan, recipe.data, recipe.env, recipe.seed))
         self.plan = plan
 
     def positions(self, env: DistEnv) -> LoaderPositions:
@@ -197,9 +202,10 @@ def build_data(data, sources: tuple[Source, Source], recipe, plan: LoaderPlan, e
     warn_if_shm_too_small(plan.shm_bytes)
     val_loader = build_val_loader(samples[1], plan, data, env, seed)
     # no reference back to the pipeline: the stream holds this, and a cycle would leave its workers to the collector
-    to_device = partial(DevicePrefetcher, device=device, normalize=data.device_transforms,
-                        channels_last=channels_last, non_blocking=data.non_blocking,
-                        beside_workers=plan.num_workers > 0, decoder=decoder)
-    train_stream = build_train_stream(samples[0], plan, data, env, seed=seed, epochs=epochs, to_device=to_device)
-    return DataPipeline(train_stream, to_device(val_loader), plan, samples, LoaderRecipe(data, env, seed, to_device))
+    recipe = LoaderRecipe(data, env, seed, partial(DevicePrefetcher, device=device, normalize=data.device_transforms,
+                                                   channels_last=channels_last, non_blocking=data.non_blocking,
+                                                   decoder=decoder))
+    train_stream = build_train_stream(samples[0], plan, data, env, seed=seed, epochs=epochs,
+                                      to_device=recipe.feed(plan))
+    return DataPipeline(train_stream, recipe.feed(plan)(val_loader), plan, samples, recipe)
 

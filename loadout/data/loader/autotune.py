@@ -9,7 +9,8 @@ workers keep the step's pace on average and the loop still waited long (over twi
 absorbs, worth a restart); a loader slower than the step on average gains nothing from it. A compute-bound stretch,
 or one the loader keeps up with, changes nothing. When RAM or /dev/shm nears its limit it takes a worker away.
 The cores free are this process's share of the cores less what its main process really used over the stretch (its
-CPU seconds over the wall seconds, every thread counted), and never fewer than plan.worker_share's 3/4 of the cores:
+CPU seconds over the wall seconds, every thread counted; a core counts where a quarter of it is left), and never
+fewer than plan.worker_share's 3/4 of the cores:
 a main process that mostly waits for its workers leaves its core to them (on 2 cores, 2 workers rather than 1). A
 main process without workers loads every sample itself: it is judged by what it keeps once workers load them (the
 step, the copy), at the pace the cores then allow, so a decode-bound run goes straight to the cores' worth.
@@ -84,10 +85,12 @@ def worker_bytes(sampler: MemorySampler | None) -> int:
 
 def cores_free(share: int, cores: float, main_cores: float | None) -> int:
     """The most workers: `cores` (this process's share of the machine's) less `main_cores` (what its main process
-    used, None before it is measured), rounded, and never fewer than `share` (plan.worker_share)."""
+    used, None before it is measured), a core counted where a quarter of it is free (a worker sharing a core still
+    adds to a decode-bound pace; a change that turns out slower is undone), and never fewer than `share`
+    (plan.worker_share)."""
     if main_cores is None:
         return share
-    return max(share, math.floor(cores - main_cores + 0.5))
+    return max(share, math.floor(cores - main_cores + 0.75))
 
 
 def kept_cores(finding: Finding, cores: float) -> float:

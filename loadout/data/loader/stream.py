@@ -165,13 +165,14 @@ class TrainStream:
         forget_loaded_state(self.loader)  # a state loaded earlier must not override this position
         self.epoch, self.batch, self.loader_state = epoch, batch, None
 
-    def replace_loader(self, loader: StatefulDataLoader, stages: StageTimes | None) -> None:
-        """Go on from this position with `loader` (another plan, data.autotune's): the old loader's workers end and
-        the new one starts its batch sampler at (epoch, batch), which draws the same batches, as a resume at another
-        data.num_workers does."""
+    def replace_loader(self, loader: StatefulDataLoader, stages: StageTimes | None,
+                       to_device: Callable[[Iterable], Iterable]) -> None:
+        """Go on from this position with `loader` (another plan, data.autotune's) and its `to_device`: the old
+        loader's workers end and the new one starts its batch sampler at (epoch, batch), which draws the same batches,
+        as a resume at another data.num_workers does."""
         self.close()
         shutdown_workers(self.loader)
-        self.loader, self.stages, self.loader_state = loader, stages, None
+        self.loader, self.stages, self.loader_state, self.to_device = loader, stages, None, to_device
         self.stateful = loader.num_workers == 0 or loader.in_order
 
     def close(self) -> None:
