@@ -196,19 +196,22 @@ class Monitor:
     def on_step(self, step: int, meter: EpochMeter) -> None:
         """After each training step; flushes at most every `interval_s` (and at an epoch's first step)."""
         if self.enabled and self._window.note(step, meter, time.perf_counter(), self.interval_s):
-            self._flush(self._window.take())
+            self._flush(self._window.take(), sample=False)
 
-    def _flush(self, window: StepWindow | None) -> None:
+    def _flush(self, window: StepWindow | None, sample: bool = True) -> None:
+        """The window's figures to the sinks; memory as the sampler's thread found it within the window, else (with
+        `sample`: once an epoch) sampled now. Reading every process's page tables costs tens of ms: not a step's."""
         if window is None:
             return
         if self.prometheus is not None:
             self.prometheus.write(window)
         if self.trackers:
-            mem = self.sampler.latest  # the sampler's thread keeps it fresh once the loop runs
-            if mem is None or mem.taken < time.perf_counter() - window.elapsed_s:  # from before this window
-                mem = self.sampler.sample()
             scalars = {f"train/{key}": value for key, value in window.figures().items() if key != "step"}
-            scalars.update((f"memory/{key}", value) for key, value in memory_figures(self.sampler, mem).items())
+            mem = self.sampler.latest
+            if mem is None or mem.taken < time.perf_counter() - window.elapsed_s:  # from before this window
+                mem = self.sampler.sample() if sample else None
+            if mem is not None:
+                scalars.update((f"memory/{key}", value) for key, value in memory_figures(self.sampler, mem).items())
             self.trackers.log_window(window.step, scalars)
 
     def on_epoch(self, step: int, record: dict) -> None:
