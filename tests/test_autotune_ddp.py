@@ -43,7 +43,8 @@ def rank_main(root: str, out_dir: str) -> None:
                           "dataset._target_=tests.test_autotune_ddp.SlowReads"])
     notes: dict = {}
     with data_from_config(cfg, env, CPU) as data:
-        # the cores' shares differ: 1 worker on rank 0 (2 cores / 2 processes), 3-4 on rank 1 (8 / 2)
+        # the cores differ: 1 worker on rank 0 (2 cores / 2 processes: the core its main process leaves free), 3-4
+        # on rank 1 (8 / 2)
         tune = Autotune(data, env, cores=2 if env.rank == 0 else 8)
         doctor = Doctor(Machine(cores=4, num_workers=0))
         meter = EpochMeter(CPU)
@@ -79,7 +80,7 @@ def test_both_ranks_apply_the_same_choice_within_the_epoch_and_after_it(tiny_dat
     assert ranks[0] == ranks[1], ranks
     notes = ranks[0]
     assert notes["batches"] == 120  # 240 samples, 2 ranks, batches of 1: the epoch ran to its end after the change
-    assert notes["within"] == [20, 1, 2], notes  # WARMUP + WINDOW batches; rank 0's share of 1 worker, not rank 1's 3
+    assert notes["within"] == [20, 1, 2], notes  # WARMUP + WINDOW batches; rank 0's 1 worker, not rank 1's 3-4
     assert notes["loader_workers"] == 1
     assert notes["after"] == [2, 2] and notes["plan"] == [2, 2, 2], notes  # the smaller of 2 and 5
 

@@ -171,6 +171,8 @@ def test_the_converter_writes_what_the_folder_holds(tiny_dataset, tmp_path):
     assert torch.equal(*crops)
     assert torch.equal(crops[0][0], mapped[9][0][:, 1:33, 2:34].flip(-1))  # the mirrored box, as a view would give
     assert torch.equal(crops[0][1], mapped[2][0][:, 3:35, 0:32])
+    mirrored = [s.read_crops([9, 2, 9], [1, 3, 0], [2, 0, 4], 32, 32, [True] * 3) for s in (mapped, pixels)]
+    assert torch.equal(*mirrored) and torch.equal(mirrored[0][2], mapped[9][0][:, 0:32, 4:36].flip(-1))
     with h5py.File(tmp_path / "pixels.h5", "r", locking=False) as f:  # as the source holds it open
         assert f["train/images"].compression == "gzip" and f["train/images"].chunks == (1, 36, 36, 3)
 

@@ -111,7 +111,7 @@ def test_monitor_with_real_workers_serves_and_writes(tmp_path):
     """The Monitor driven by a real EpochMeter over a real 2-worker DataLoader: scrape mid-epoch, then read back
     the TensorBoard events; the endpoint is gone after close()."""
     port = free_port()
-    sampler = MemorySampler()
+    sampler = MemorySampler().start(0.05)  # as the engine starts it: the flushes take its samples
     trackers = Trackers({"tensorboard": TensorBoardTracker(tmp_path)})
     monitor = Monitor(trackers, PrometheusSink(port, "127.0.0.1", DistEnv(), sampler), sampler, interval_s=0.0)
     data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 10, (64,)))

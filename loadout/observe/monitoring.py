@@ -3,8 +3,9 @@ loadout/observe/trackers/) and a Prometheus endpoint (each rank: port + LOCAL_RA
 
 The engine calls `Monitor.on_step` after every step and `Monitor.on_epoch` after every epoch. Per step that
 is a clock read until `interval_s` has passed, then one flush of windowed figures (loss, images/s, data-wait
-fraction, lr, gradient norm) and, for the trackers, one memory sample. Prometheus reads memory at scrape time
-through a collector, so worker memory stays live while the loop waits on data or evaluates.
+fraction, lr, gradient norm) and, for the trackers, the memory sampler's thread's figures when it sampled within the
+window (the loop itself samples only at an epoch's end). Prometheus reads memory at scrape time through a
+collector, so worker memory stays live while the loop waits on data or evaluates.
 """
 
 from __future__ import annotations

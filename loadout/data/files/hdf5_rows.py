@@ -10,6 +10,8 @@ as h5py writes them by default are found in the file the same way (`heap_spans`)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -71,9 +73,10 @@ class Rows:
         self.dataset.id.read(self.memory, self.space, out, mtype=self.type)
         return out[0]
 
-    def at(self, indices: np.ndarray):
-        """k -> row indices[k], for a batch: mapped rows' offsets looked up once (a row a lookup costs as much as
-        its box's copy)."""
+    def at(self, indices) -> Callable[[int], np.ndarray]:
+        """k -> row indices[k], for a batch: the mapped rows' offsets are looked up once for all of it (looked up
+        row by row, they cost as much as copying the boxes)."""
+        indices = np.asarray(indices, dtype=np.int64)
         if self.map is None:
             index_list = indices.tolist()
             return lambda k: self[index_list[k]]

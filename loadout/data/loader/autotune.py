@@ -223,9 +223,9 @@ class Autotune:
         """This rank's choice from `finding` (`used`: the cores its main process used meanwhile), the smallest over
         the ranks (one all-reduce each), applied."""
         plan, pressure = self.data.plan, memory_pressure()
-        if not plan.num_workers:  # it loads every sample itself: judged by what it keeps once workers load them
-            used = kept_cores(finding, self.cores) if finding is not None else None
-        cap = cores_free(self.cap, self.cores, used)
+        main = used if plan.num_workers else (  # loading every sample itself: what it keeps once workers load them
+            kept_cores(finding, self.cores) if finding is not None else None)
+        cap = cores_free(self.cap, self.cores, main)
         change = decide(None if self.settled else finding, plan, cap, pressure, worker_bytes(self.sampler))
         workers, prefetch = (change.num_workers, change.prefetch_factor) if change else \
             (plan.num_workers, plan.prefetch_factor)
