@@ -39,6 +39,7 @@ from loadout.data.fast.decode import UNREADABLE, decode_crop, decoded_size, exif
 from loadout.data.fast.encoded import EncodedSample
 from loadout.data.geometry import BoxPlan
 from loadout.data.loader.activity import ActivityBoard
+from loadout.data.loader.batch import WholeBatch
 from loadout.data.loader.stages import AUGMENT, CLOCK, DECODE, READ
 from loadout.data.loader.workers import one_torch_thread
 from loadout.data.masks import as_mask, check_mask_size, stray_value
@@ -207,7 +208,7 @@ class Samples(Dataset):
         check_mask_size(image, mask)
         return image, mask
 
-    def _crop_batch(self, indices: np.ndarray, seeds: np.ndarray, slot: int | None) -> list | None:
+    def _crop_batch(self, indices: np.ndarray, seeds: np.ndarray, slot: int | None) -> WholeBatch | None:
         """The whole batch through the source's `read_crops`; None when that read fails (then one by one)."""
         plan, size = self.crops, self.offers.size
         tops, lefts, flips = plan.draws(seeds, size, size)
@@ -222,8 +223,9 @@ class Samples(Dataset):
         finally:
             if slot is not None:
                 self.board.clear(slot)
-        labels = self.source.targets[indices].tolist()
-        return list(zip(plan.finish(images), labels, indices.tolist(), strict=True))
+        labels = np.asarray(self.source.targets[indices], dtype=np.int64)
+        return WholeBatch(plan.finish(images), torch.from_numpy(labels),
+                          torch.from_numpy(np.ascontiguousarray(indices)))
 
     def _bad(self, index: int, err: BaseException) -> None:
         where = sample_name(self.source, index)

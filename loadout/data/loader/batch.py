@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
@@ -38,6 +40,25 @@ class Batch:
         return dataclasses.replace(self, images=self.images.pin_memory(), targets=self.targets.pin_memory())
 
 
+class WholeBatch(Sequence):
+    """A training batch a source read whole (`read_crops`): its images already one (N, C, H, W) tensor, its labels
+    and indices int64 columns, so the collate copies the images once rather than splitting them into samples and
+    stacking them back. Still the sequence of `(image, label, index)` samples any other collate_fn reads."""
+
+    __slots__ = ("images", "labels", "indices")
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor):
+        self.images, self.labels, self.indices = images, labels, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        return self.images[k], int(self.labels[k]), int(self.indices[k])
+
+
 def empty_batch(bad: int) -> Batch:
     """A batch whose samples were all unreadable: the loop counts it and moves on."""
     return Batch(torch.empty(0), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), bad)
@@ -63,17 +84,20 @@ def stackable(images: list) -> bool:
         for image in images)
 
 
-def stack_images(images: list, storage: torch.Tensor | None = None) -> torch.Tensor:
-    """torch.stack of same-shape CHW images into a batch laid out as the images are: channels_last when they are
-    HWC in memory (a row copy, where an NCHW batch needs a transposing one). Into `storage` when given (a
-    shared-memory ring slot); in a worker, else, into shared memory as default_collate does."""
+def stack_images(images: list | torch.Tensor, storage: torch.Tensor | None = None) -> torch.Tensor:
+    """torch.stack of same-shape CHW images (or a copy of a batch of them) into a batch laid out as the images are:
+    channels_last when they are HWC in memory (a row copy, where an NCHW batch needs a transposing one). Into
+    `storage` when given (a shared-memory ring slot); in a worker, else, into shared memory as default_collate does."""
     shape = (len(images), *images[0].shape)
     if storage is None:
         storage = torch.empty(math.prod(shape), dtype=images[0].dtype)
         if get_worker_info() is not None:
             storage.share_memory_()
     out = batch_view(storage, shape, channels_innermost(images[0]))
-    torch.stack(images, out=out)
+    if isinstance(images, torch.Tensor):
+        np.copyto(out.numpy(), images.numpy())  # one thread: torch's copy_ would split it over the intra-op pool
+    else:
+        torch.stack(images, out=out)
     return out
 
 
@@ -101,6 +125,8 @@ def collate_indices(good: list) -> torch.Tensor | None:
 def collate(samples: list) -> Batch:
     """The collate_fn without the shared-memory ring: the readable samples' images stacked in their own layout
     (`stack_images`), unreadable ones counted in `bad`."""
+    if isinstance(samples, WholeBatch):
+        return Batch(stack_images(samples.images), samples.labels, samples.indices)
     good, bad = readable(samples)
     if not good:
         return empty_batch(bad)

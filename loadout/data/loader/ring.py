@@ -32,6 +32,7 @@ from torch.utils.data import get_worker_info
 from loadout.data.fast.encoded import EMPTY_IMAGES, Encoded, EncodedSample
 from loadout.data.loader.batch import (
     Batch,
+    WholeBatch,
     batch_view,
     channels_innermost,
     collate,
@@ -162,28 +163,40 @@ class ShmRing:
         info = get_worker_info()
         if info is None:
             return collate(samples)
-        good, bad = readable(samples)
-        if good and isinstance(good[0][0], EncodedSample):
-            return self._encoded(samples, good, bad, info.id)
-        images = [sample[0] for sample in good]
-        capacity = self.buffers.shape[2:]
-        if not good or len(good) > capacity[0] or not stackable(images) or (
-                images[0].dtype != self.buffers.dtype or images[0].shape != capacity[1:]):
-            if good and not self._warned:
-                self._warned = True
-                log.warning("worker %d: a batch does not fit the shared-memory ring (%s of %s %s): plain collate",
-                            info.id, len(good), type(images[0]).__name__, getattr(images[0], "shape", "?"))
-            return collate(samples)
-        count = self._next_slot(info.id)
+        if isinstance(samples, WholeBatch):  # a source's whole batch: its images one copy into the slot
+            images, good, bad = samples.images, None, 0
+        else:
+            good, bad = readable(samples)
+            if not good:
+                return collate(samples)
+            if isinstance(good[0][0], EncodedSample):
+                return self._encoded(samples, good, bad, info.id)
+            images = [sample[0] for sample in good]
+        count = self._slot_for(images, info.id)
         if count is None:
             return collate(samples)
         stack_images(images, self.buffers[info.id, count % self.slots])
-        if self._stack_masks(good, info.id, count):
+        if good is None:
+            targets, indices = samples.labels, samples.indices
+        elif self._stack_masks(good, info.id, count):
             targets, indices = None, collate_indices(good)
         else:
             targets, indices = collate_labels(good, shared=False)
-        return RingBatch(self.token, info.id, count, len(good), channels_innermost(images[0]), _by_value(targets),
+        return RingBatch(self.token, info.id, count, len(images), channels_innermost(images[0]), _by_value(targets),
                          _by_value(indices), bad)
+
+    def _slot_for(self, images: list | torch.Tensor, worker: int) -> int | None:
+        """The count whose slot this batch's images go into; None where they do not fit a slot (another shape or
+        dtype: warned once) or the slot is not free yet."""
+        capacity = self.buffers.shape[2:]
+        if (isinstance(images, list) and not stackable(images)) or len(images) > capacity[0] or (
+                images[0].dtype != self.buffers.dtype or images[0].shape != capacity[1:]):
+            if not self._warned:
+                self._warned = True
+                log.warning("worker %d: a batch does not fit the shared-memory ring (%s of %s %s): plain collate",
+                            worker, len(images), type(images[0]).__name__, getattr(images[0], "shape", "?"))
+            return None
+        return self._next_slot(worker)
 
     def _stack_masks(self, good: list, worker: int, count: int) -> bool:
         """The batch's masks stacked into the mask ring's slot, when it has one and they fit (uint8, the images'
