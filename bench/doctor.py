@@ -26,7 +26,7 @@ from loadout.data.loader.stages import AUGMENT, DECODE, READ, StageBoard, StageC
 from loadout.dist import DistEnv
 from train.job import data_from_config
 
-ROUNDS, BATCHES, TARGET = 7, 8, 0.98
+ROUNDS, BATCHES, TARGET = 11, 8, 0.98
 CPU = torch.device("cpu")
 
 

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader, TensorDataset
 
 from loadout.dist import DistEnv
-from loadout.errors import ConfigError
+from loadout.errors import RESUMABLE_EXIT, ConfigError
 from loadout.observe.memory import MemorySampler
 from loadout.observe.meter import EpochMeter
 from loadout.observe.metrics import EPOCH, MEMORY, TOTALS, WINDOW, WORKER_MEMORY, use_task_figures
@@ -197,20 +198,51 @@ def test_dashboard_and_prometheus_config_parse_and_name_served_metrics(tmp_path)
 # -- slow: a real training run with the endpoint on, a real Prometheus scraping it ----------------------------------
 @dataclass
 class LiveRun:
+    """A training run that goes on until `stop`: its figures are asserted on only once they exist, however slowly a
+    loaded machine trains or Prometheus scrapes (a short run could end before a scrape saw its first epoch)."""
+
     proc: subprocess.Popen
     port: int
     run_dir: Path
     prometheus_port: int | None
+    _err: str | None = None
 
-    def wait(self, timeout: float = 420) -> str:
-        _, err = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, err[-3000:]
-        return err
+    def query(self, expr: str) -> list:
+        """Prometheus's instant query result for `expr`."""
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = json.load(resp)
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    def has_an_epoch(self) -> bool:
+        """An epoch's record is in metrics.jsonl and, with Prometheus, two scrapes and an epoch's figures are in it."""
+        metrics = self.run_dir / "metrics.jsonl"
+        if not metrics.is_file() or '"val_acc"' not in metrics.read_text():
+            return False
+        if self.prometheus_port is None:
+            return True
+        scrapes = self.query("count_over_time(loadout_images_total[10m])")
+        return bool(scrapes and int(scrapes[0]["value"][1]) >= 2 and self.query("max(loadout_epoch)")
+                    and self.query("max(loadout_val_accuracy)"))
+
+    def stop(self, timeout: float = 420) -> str:
+        """Once the run has an epoch (`has_an_epoch`): SIGTERM, a clean resumable stop (exit 75); its stderr."""
+        if self._err is None:
+            deadline = time.monotonic() + timeout
+            while not self.has_an_epoch():
+                assert self.proc.poll() is None, self.proc.communicate()[1][-3000:]
+                assert time.monotonic() < deadline, f"no epoch's figures in {timeout:.0f} s"
+                time.sleep(0.5)
+            self.proc.send_signal(signal.SIGTERM)
+            _, self._err = self.proc.communicate(timeout=timeout)
+            assert self.proc.returncode == RESUMABLE_EXIT, self._err[-3000:]
+        return self._err
 
 
 def start_prometheus(tmp: Path, target_port: int) -> tuple[subprocess.Popen, int]:
-    """The repo's prometheus.yml with its targets pointed at the local trainer, scraped every 100 ms: the test run
-    trains for only a second or two, and a rate needs at least two samples."""
+    """The repo's prometheus.yml with its targets pointed at the local trainer, scraped every 100 ms: a rate needs at
+    least two samples."""
     conf = yaml.safe_load(PROMETHEUS_YML.read_text())
     conf["global"]["scrape_interval"] = "100ms"
     conf["scrape_configs"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{target_port}"]}]
@@ -233,12 +265,13 @@ def start_prometheus(tmp: Path, target_port: int) -> tuple[subprocess.Popen, int
 
 @pytest.fixture(scope="module")
 def live_run(tiny_dataset, tmp_path_factory):
-    """`python -m train` with the endpoint on (2 workers, 2 epochs, 20 steps); Prometheus first, when installed."""
+    """`python -m train` with the endpoint on (2 workers, 15 steps an epoch, until `LiveRun.stop`); Prometheus
+    first, when installed."""
     tmp = tmp_path_factory.mktemp("live")
     port = free_port()
     prometheus, prometheus_port = start_prometheus(tmp, port) if shutil.which("prometheus") else (None, None)
     args = ["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=64", "data.batch_size=16",
-            "data.num_workers=2", "trainer.epochs=2", "trainer.max_steps=20", "trainer.progress=false",
+            "data.num_workers=2", "trainer.epochs=100", "trainer.progress=false",
             f"trainer.metrics_port={port}", f"hydra.run.dir={tmp / 'run'}"]
     proc = subprocess.Popen([sys.executable, "-m", "train", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -276,36 +309,28 @@ def test_endpoint_is_live_while_training(live_run):
 def test_real_prometheus_scrapes_the_trainer_and_dashboard_queries_return_data(live_run):
     if live_run.prometheus_port is None:
         pytest.skip("no `prometheus` binary: run tests/infra/ensure_prometheus.sh (apt-get install prometheus)")
-    live_run.wait()
-    time.sleep(2.5)  # scrapes still in flight
-
-    def query(expr: str) -> list:
-        url = f"http://127.0.0.1:{live_run.prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            body = json.load(resp)
-        assert body["status"] == "success", (expr, body)
-        return body["data"]["result"]
-
-    (scrapes,) = query("count_over_time(loadout_images_total[10m])")
+    live_run.stop()
+    (scrapes,) = live_run.query("count_over_time(loadout_images_total[10m])")
     assert int(scrapes["value"][1]) >= 2, "fewer than two scrapes while training: no rate can be computed"
-    (up,) = query('max_over_time(up{job="loadout"}[10m])')
+    (up,) = live_run.query('max_over_time(up{job="loadout"}[10m])')
     assert float(up["value"][1]) == 1.0
-    (images,) = query("max_over_time(loadout_images_total[10m])")
+    (images,) = live_run.query("max_over_time(loadout_images_total[10m])")
     assert float(images["value"][1]) >= 16 and images["metric"]["rank"] == "0"
     for expr in dashboard_exprs():  # each panel's query over the whole run (the rate window spans all of it)
-        result = query(f"max_over_time(({expr.replace('$__rate_interval', '1m')})[10m:100ms])")
+        result = live_run.query(f"max_over_time(({expr.replace('$__rate_interval', '1m')})[10m:100ms])")
         if "gpu" not in expr:
             assert result and all(math.isfinite(float(r["value"][1])) for r in result), expr
 
 
 @pytest.mark.slow
 def test_tensorboard_events_from_the_run(live_run):
-    live_run.wait()
+    live_run.stop()
     scalars = tb_scalars(live_run.run_dir)
     assert set(scalars) >= STEP_TAGS | EPOCH_TAGS | {"train/lr", "train/grad_norm", "epoch/val_top5"}, set(scalars)
-    assert [e.step for e in scalars["epoch/val_acc"]] == [15, 20]
+    validated = [e.step for e in scalars["epoch/val_acc"]]
+    assert validated and validated == [15 * (k + 1) for k in range(len(validated))], validated  # each epoch's end
     steps = [e.step for e in scalars["train/images_per_s"]]
-    assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 20 and all(
+    assert steps == sorted(steps) and steps[0] == 1 and steps[-1] >= 15 and all(
         e.value > 0 for e in scalars["train/images_per_s"])
     assert all(0 <= e.value <= 1 for e in scalars["train/data_wait_frac"])
     assert all(e.value in (2, 4) for e in scalars["memory/workers"]), "2 train workers (+2 persistent val workers)"
