@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from common import first_epoch, host_batches, images_per_s, machine, pipeline, report
 
-CACHED_EPOCHS = 5  # epoch 2 on, in one stream: a cached epoch lasts ~40 ms
+CACHED_EPOCHS = 5  # epoch 2 on, in one stream: one cached epoch is too short to time on a shared machine
 
 
 def epochs() -> tuple[float, float]:

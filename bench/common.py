@@ -1,7 +1,8 @@
 """Shared helpers for the data-path benchmarks: loadout's config, its data path, timing, and worker memory.
 
-Every benchmark measures both sides of its ratio in one run, interleaved (A B A B, best of each), so a machine
-shared with other jobs slows both sides alike.
+Every benchmark measures both sides of its ratio in one run, interleaved (A B A B, best of each; or item by item,
+each item's least time a side, where a ratio must resolve a few per cent), so a machine shared with other jobs
+slows both sides alike.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ the clock for one that does nothing and the timed collate for the plain one), in
 
 Measured in one process on the same batches, the sides alternating batch by batch, each batch's least time a side: a
 whole-loader comparison on a shared 2-core machine varies by more than the 2 % it must resolve, and so did rounds of
-whole passes (A B A B) on a quiet one. The embedded 80 px set
-decodes fast, so the clocks' share is larger here than on real photos. The main side's clocks (a CPU-time read per batch
-received, one per batch copied) are per batch, not per sample. Target: on / off >= 0.98.
+whole passes (A B A B) on a quiet one. The embedded 80 px set decodes fast, so the clocks' share is larger here than
+on real photos. The main side's clocks (a CPU-time read per batch received, one per batch copied) are per batch, not
+per sample. Target: on / off >= 0.98.
 
 Each size's second line is steadier: the clocks' own cost a sample (start, split, lap and a 64-sample batch's take, the
 least of many tight loops) against the best "off" time a sample, as the ratio it implies.
@@ -85,7 +85,8 @@ def measure(name: str, root) -> None:
         samples = data.samples[0]
         keys = [[(0, i) for i in range(b * 64, (b + 1) * 64)] for b in range(BATCHES)]
         on, off = batch_times(samples, TimedCollate(collate, StageBoard(0)), keys)
-    rate_on, rate_off = BATCHES * 64 / sum(on), BATCHES * 64 / sum(off)
+    count = sum(map(len, keys))
+    rate_on, rate_off = count / sum(on), count / sum(off)
     ratio = rate_on / rate_off
     report(f"stage timing on/off (per-sample path + collate, {name})", ratio, f">= {TARGET}", ratio >= TARGET,
            f"on {rate_on:.0f} samples/s, off {rate_off:.0f} samples/s: each of {BATCHES} batches' least time of "

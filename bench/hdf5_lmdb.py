@@ -20,7 +20,7 @@ from pathlib import Path
 from common import DATA, ROOT, SEED_DATA, interleaved, machine, pipeline, report, steady_images_per_s
 
 SETTINGS = ("data.num_workers=2", "data.batch_size=64")  # the cpu profile's 64 px crops
-TIMED_EPOCHS = 6  # after the warm-up, in one stream: an epoch of these 64 px crops lasts 20-150 ms
+TIMED_EPOCHS = 6  # after the warm-up, in one stream: one epoch of these 64 px crops is too short to time
 SIZE = 73  # their resize size: the packed and pixel squares are stored at it
 
 

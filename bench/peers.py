@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import ROOT, host_batches, machine, pipeline, report, spread
+from common import ROOT, first_epoch, host_batches, machine, pipeline, report, spread
 from peer_loaders import BATCH, EPOCHS, SIZE, WORKERS, epoch_rate
 from real_photos import REAL_DATA, photo_files
 
@@ -83,7 +83,7 @@ def step_seconds(steps: int = 20) -> float:
 def pipeline_rate() -> float:
     """loadout's training stream alone, iterated as the peers are (bench/real_photos.py's way)."""
     with pipeline(*KIT, root=REAL_DATA) as data:
-        for _batch in host_batches(data, 0):
+        for _batch in first_epoch(data):  # the warm-up epoch
             pass
         return epoch_rate(batch.images for batch in host_batches(data, 1))
 

@@ -43,7 +43,7 @@ def rate(root: Path | str, *overrides: str) -> float:
     return steady_images_per_s(pipeline(*SETTINGS, "trainer.epochs=3", *overrides, root=root))
 
 
-def first_epoch(root: Path | str, cache: Path, *overrides: str) -> float:
+def cold_epoch_rate(root: Path | str, cache: Path, *overrides: str) -> float:
     """Images/s over one epoch of a fresh pipeline whose node cache is `cache`."""
     with pipeline(*SETTINGS, "trainer.epochs=1", "dataset=shards", f"dataset.cache_dir={cache}", *overrides,
                   root=root) as data:
@@ -141,13 +141,13 @@ if __name__ == "__main__":
         def from_s3(delay: int, cache: Path, *overrides: str) -> float:
             os.environ["AWS_ENDPOINT_URL"] = endpoints[delay]
             before, start = cpu_seconds(processes), time.perf_counter()
-            rate = first_epoch("s3://bench/shards", cache, *overrides)
+            rate = cold_epoch_rate("s3://bench/shards", cache, *overrides)
             stand_ins.append((cpu_seconds(processes) - before) / (time.perf_counter() - start) / len(
                 os.sched_getaffinity(0)))
             return rate
 
         def from_disk() -> float:
-            return first_epoch(many, tmp / f"local{next(caches)}")
+            return cold_epoch_rate(many, tmp / f"local{next(caches)}")
 
         try:
             rounds = {"far": [], "near": [], "local": []}

@@ -29,6 +29,7 @@ import torch
 from common import (
     DATA,
     SEED_DATA,
+    first_epoch,
     host_batches,
     images_per_s,
     jpeg_files,
@@ -82,7 +83,7 @@ def _until(batches: Iterable, stop) -> Iterator:
 def _side_by_side(case: Case, start, stop, results) -> None:
     torch.set_num_threads(1)  # as in a DataLoader worker
     with pipeline(*case.loadout(0), root=case.root) as data:
-        images_per_s(host_batches(data, 0))  # warm-up epoch
+        images_per_s(first_epoch(data))  # warm-up epoch
         start.wait()
         results.put(images_per_s(_until(host_batches(data, 1), stop)))
         stop.set()  # the first one done ends the other's window: neither runs alone on the machine

@@ -11,12 +11,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset, SequentialSampler
+from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.transforms import v2
 
 from loadout.data.fast.encoded import EncodedSample, slot_bytes
-from loadout.data.loader.batch import Batch, collate
+from loadout.data.loader.batch import Batch, WholeBatch, collate
 from loadout.data.loader.plan import RING_SPARE_SLOTS, LoaderPlan
 from loadout.data.loader.ring import ShmRing, build_collate
 from loadout.data.loader.stateful import shutdown_workers
@@ -74,6 +74,45 @@ def assert_same(got: list[Batch], want: list[Batch]) -> None:
         assert a.bad == b.bad
         for x, y in ((a.images, b.images), (a.targets, b.targets), (a.indices, b.indices)):
             assert isinstance(x, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+
+
+class WholeBatches(Dataset):
+    """Batches as a source that reads them whole hands them over (`WholeBatch`: read_crops), or the same samples as
+    a list; their images HWC in memory (channels_last) or not."""
+
+    def __init__(self, whole: bool, channels_last: bool):
+        self.whole, self.channels_last = whole, channels_last
+
+    def __len__(self) -> int:
+        return 45
+
+    def __getitems__(self, indices: list[int]):
+        images = torch.stack([torch.arange(3 * SIZE * SIZE).view(3, SIZE, SIZE).add(7 * i).to(torch.uint8)
+                              for i in indices])
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        labels = [i % 5 for i in indices]
+        if self.whole:
+            return WholeBatch(images, torch.tensor(labels), torch.tensor(indices))
+        return list(zip(images.unbind(0), labels, indices, strict=True))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("fits", [True, False])
+def test_a_whole_batch_arrives_as_the_batch_its_samples_make(channels_last, fits):
+    """Through the ring's slot (or, not fitting it, the plain collate in a worker) and in the main process: the same
+    images, layout, labels and indices, dtypes included, as the same samples one by one."""
+
+    def batches(whole: bool, collate_fn, workers: int) -> list[Batch]:
+        return list(StatefulDataLoader(WholeBatches(whole, channels_last), num_workers=workers,
+                                       batch_sampler=BatchSampler(SequentialSampler(range(45)), BATCH, False),
+                                       collate_fn=collate_fn))
+
+    want = batches(False, collate, 0)
+    shape = (BATCH, 3, SIZE, SIZE) if fits else (BATCH, 3, SIZE + 1, SIZE)
+    for got in (batches(True, ShmRing(2, 2, shape, torch.uint8), 2), batches(True, collate, 0)):
+        assert_same(got, want)
+        assert all(b.images.is_contiguous(memory_format=torch.channels_last) == channels_last for b in got)
 
 
 def test_ring_batches_equal_plain_batches_over_epochs_with_slots_reused():

@@ -125,7 +125,7 @@ class Samples(Dataset):
     def __getitem__(self, key):
         return self.__getitems__([key])[0]
 
-    def __getitems__(self, keys: Sequence) -> list:
+    def __getitems__(self, keys: Sequence) -> Sequence:
         """The samples of one batch of keys (the DataLoader calls this with each batch)."""
         epochs, indices = split_keys(keys)
         seeds = sample_seeds(self.seed, epochs, indices)

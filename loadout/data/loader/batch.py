@@ -7,7 +7,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
@@ -95,7 +94,7 @@ def stack_images(images: list | torch.Tensor, storage: torch.Tensor | None = Non
             storage.share_memory_()
     out = batch_view(storage, shape, channels_innermost(images[0]))
     if isinstance(images, torch.Tensor):
-        np.copyto(out.numpy(), images.numpy())  # one thread: torch's copy_ would split it over the intra-op pool
+        out.copy_(images)
     else:
         torch.stack(images, out=out)
     return out
@@ -122,11 +121,13 @@ def collate_indices(good: list) -> torch.Tensor | None:
     return default_collate([sample[2] for sample in good]) if len(good[0]) > 2 else None
 
 
-def collate(samples: list) -> Batch:
+def collate(samples: list | WholeBatch) -> Batch:
     """The collate_fn without the shared-memory ring: the readable samples' images stacked in their own layout
-    (`stack_images`), unreadable ones counted in `bad`."""
+    (`stack_images`), unreadable ones counted in `bad`. A WholeBatch's images are one batch already: in a worker
+    copied into shared memory, in the main process taken as they are."""
     if isinstance(samples, WholeBatch):
-        return Batch(stack_images(samples.images), samples.labels, samples.indices)
+        images = samples.images if get_worker_info() is None else stack_images(samples.images)
+        return Batch(images, samples.labels, samples.indices)
     good, bad = readable(samples)
     if not good:
         return empty_batch(bad)
