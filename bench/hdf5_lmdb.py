@@ -47,10 +47,10 @@ def main() -> None:
         script("convert_dataset.py", DATA, tmp / "pixels.h5", "--to", "hdf5", "--pixels", SIZE)
         script("pack_dataset.py", DATA, tmp / "packed", "--size", SIZE)
         script("convert_dataset.py", SEED_DATA, tmp / "seed.h5", "--to", "hdf5")
-        hdf5, folder = interleaved(lambda: rate(tmp / "encoded.h5", "dataset=hdf5"), lambda: rate(DATA), rounds=3)
-        lmdb, folder_again = interleaved(lambda: rate(tmp / "lmdb", "dataset=lmdb"), lambda: rate(DATA), rounds=3)
+        hdf5, folder = interleaved(lambda: rate(tmp / "encoded.h5", "dataset=hdf5"), lambda: rate(DATA), rounds=5)
+        lmdb, folder_again = interleaved(lambda: rate(tmp / "lmdb", "dataset=lmdb"), lambda: rate(DATA), rounds=5)
         pixels, packed = interleaved(lambda: rate(tmp / "pixels.h5", "dataset=hdf5"),
-                                     lambda: rate(tmp / "packed", "dataset=packed"), rounds=3)
+                                     lambda: rate(tmp / "packed", "dataset=packed"), rounds=5)
         two, one = interleaved(lambda: workers_rate(tmp / "seed.h5", 2, "dataset=hdf5"),
                                lambda: workers_rate(tmp / "seed.h5", 1, "dataset=hdf5"), rounds=3)
         folder_two, folder_one = interleaved(lambda: workers_rate(SEED_DATA, 2), lambda: workers_rate(SEED_DATA, 1),
