@@ -61,8 +61,8 @@ RUN TORCH_FROM_BASE=${TORCH_FROM_BASE} python3 base_lock.py constraints.txt /tmp
  && CPU_ONLY=${CPU_ONLY} TORCH_FROM_BASE=${TORCH_FROM_BASE} python3 check_torch.py constraints.txt requirements.txt \
  && rm /tmp/constraints.txt /tmp/decode.txt base_lock.py check_torch.py
 
-# The source: the library (loadout/, installed) and the template (train/). `python -m train` runs from /app, so the
-# configs in /app/conf are the ones used.
+# The source: the library (loadout/, installed) and the template (train/, not installed: the wheel holds the library
+# only). `python -m train` runs from /app, so the template and the configs in /app/conf are the ones used.
 # README* (pyproject's readme) may not exist yet; pyproject.toml keeps the pattern from matching nothing.
 COPY pyproject.toml requirements.txt README* ./
 COPY conf/ conf/

@@ -3,6 +3,7 @@ your own from outside the package, augmentation recipes, modes and weights, and 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -98,7 +99,7 @@ def csv_root(tiny_dataset, tmp_path) -> Path:
 def test_own_dataset_trains_from_outside_the_package_with_every_loader_feature(csv_root, tmp_path):
     """From the command line without a YAML, workers + batch ring + cache, cut mid-epoch; then by its YAML on the
     search path, resumed exactly: the epoch trains every readable sample once and skips the broken one."""
-    env = {"PYTHONPATH": str(EXAMPLE)}  # the example's module is importable only this way
+    env = {"PYTHONPATH": f"{EXAMPLE}{os.pathsep}{ROOT}"}  # the example's module, and the template from another folder
     run_dir = tmp_path / "run"
     common = [*small(csv_root, "data.num_workers=2", "data.persistent_workers=true", f"data.cache_bytes={2**24}"),
               "trainer.epochs=1", "trainer.progress=false", "trainer.deterministic=true", f"hydra.run.dir={run_dir}"]

@@ -28,12 +28,13 @@ BATCH_LINE = re.compile(r"^epoch (\d+) batch (\d+)/(\d+) loss (\S+)$", re.M)
 def installed(tmp_path_factory) -> Path:
     """loadout installed into a folder of its own, offline, from a copy of the checkout's sources: pip builds in the
     tree it is given (build/, *.egg-info), and a stale build/ would carry deleted modules into the next wheel, so
-    the checkout is left alone. The copy leaves train/ out: pyproject ships it too (an editable install's finder
-    maps `python -m train` to the checkout from any folder), and the example must run without it."""
+    the checkout is left alone. The copy holds the template's train/ too, as a checkout does: the wheel must leave it
+    out (test_the_installed_library_stands_alone), so `pip install loadout` adds no top-level `train` package."""
     src, site = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("site")
     for name in ("pyproject.toml", "requirements.txt", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "loadout", src / "loadout", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("loadout", "train"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "--isolated", "install", "--quiet", "--no-deps", "--no-index",
                     "--no-build-isolation", "--target", str(site), str(src)], check=True, capture_output=True,
                    timeout=300)
@@ -43,7 +44,7 @@ def installed(tmp_path_factory) -> Path:
 def outside(site: Path, args: list[str], cwd: Path) -> dict:
     """subprocess.run's keywords: `args` run by this interpreter in `cwd`, seeing the installed copy and this
     interpreter's packages (torch, ...) and nothing of the checkout: `-S` skips site's .pth files, among them an
-    editable install's finder, which maps `train` to a checkout wherever Python runs."""
+    editable install's finder, which maps `loadout` to the checkout wherever Python runs."""
     packages = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env["PYTHONPATH"] = os.pathsep.join([str(site), *packages])
