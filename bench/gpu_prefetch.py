@@ -27,6 +27,7 @@ from loadout.observe.meter import EpochMeter
 from train.job import data_from_config
 from train.loop.model import build_model
 from train.loop.step import TrainStep
+from train.task import build_task
 
 BATCH = (128, 3, 224, 224)
 
@@ -67,7 +68,7 @@ def data_wait(prefetch: bool, device: torch.device, *overrides: str, root: Path 
     cfg = config("hardware=a100", f"trainer.epochs={steps + 1}", *overrides, root=root)
     with data_from_config(cfg, DistEnv(), device) as data:
         net = build_model(cfg.model, data.num_classes, device, channels_last=True)
-        step = TrainStep.from_config(cfg, DistEnv(), device, net, total_steps=steps)
+        step = TrainStep.from_config(cfg, DistEnv(), device, net, total_steps=steps, task=build_task(cfg))
         batches: Iterable[Batch] = _prefetched(data, cfg.trainer.epochs) if prefetch else _copied(data, device)
         meter = EpochMeter(device)
         for index, batch in enumerate(batches):

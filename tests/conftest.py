@@ -73,6 +73,26 @@ def compose_config(overrides: list[str] | None = None):
         return compose(config_name="config", overrides=overrides or [])
 
 
+def trainer_for(cfg, data, run_dir: Path, model=None, **parts):
+    """`Trainer.from_config` on the CPU with its parts built as train/job.py builds them: the task and the augment
+    recipe, and the config's model for `data`'s classes unless `model` is given; `parts`: its other keywords."""
+    import torch
+
+    from loadout.build import instantiate
+    from loadout.dist import DistEnv
+    from train.loop.engine import Trainer
+    from train.loop.model import build_model
+    from train.task import build_task
+
+    cpu = torch.device("cpu")
+    model = build_model(cfg.model, data.num_classes, cpu) if model is None else model
+    if "task" not in parts:
+        parts["task"] = build_task(cfg)
+    if "recipe" not in parts:
+        parts["recipe"] = instantiate("augment", cfg.augment)
+    return Trainer.from_config(cfg, DistEnv(), cpu, data, model, run_dir, **parts)
+
+
 def run_cli(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
             module: str = "train") -> subprocess.CompletedProcess:
     """`python -m train ARGS` in a real subprocess (real Hydra, real workers)."""

@@ -20,13 +20,13 @@ from loadout.dist import DistEnv
 from loadout.errors import ConfigError
 from loadout.run.overrides import check_command_line
 from loadout.runtime import checkpoint
-from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli
+from tests.conftest import CONF, ROOT, compose_config, read_metrics, run_cli, trainer_for
 from train.augment import BatchMix
 from train.config import SCHEMA, validate
 from train.job import data_from_config
 from train.loop.model import build_model
 from train.loop.step import TrainStep
-from train.task import Classification
+from train.task import Classification, build_task
 
 CPU = torch.device("cpu")
 GROUPS = ("dataset", "model", "optimizer", "scheduler", "augment", "experiment")
@@ -55,7 +55,7 @@ def test_each_group_file_opens_with_a_one_line_comment_and_composes(group):
 def test_optimizer_and_scheduler_come_from_their_groups(tiny_dataset):
     cfg = compose_config(small(tiny_dataset, "optimizer=adamw", "scheduler=cosine", "optimizer.lr=0.002"))
     model = build_model(cfg.model, 10, CPU)
-    step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=100)
+    step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=100, task=build_task(cfg))
     assert isinstance(step.optimizer, torch.optim.AdamW)
     lrs = []
     for _ in range(100):
@@ -333,8 +333,6 @@ def test_own_task_in_one_file_trains_from_outside_the_package(tmp_path, monkeypa
     val_mae."""
     from loadout.observe.metrics import EPOCH
     from train.job import data_from_config
-    from train.loop.engine import Trainer
-    from train.task import build_task
 
     monkeypatch.syspath_prepend(str(COUNTING))
     cfg = compose_config([f"hydra.searchpath=[file://{COUNTING / 'conf'}]", "task=counting", "hardware=cpu",
@@ -347,7 +345,7 @@ def test_own_task_in_one_file_trains_from_outside_the_package(tmp_path, monkeypa
         assert "val_mae" in EPOCH and "val_acc" not in EPOCH
         with data_from_config(cfg, DistEnv(), CPU) as data:
             model = build_model(cfg.model, task.num_outputs(data.source), CPU)
-            records = Trainer.from_config(cfg, DistEnv(), CPU, data, model, tmp_path, task=task).fit()
+            records = trainer_for(cfg, data, tmp_path, model=model, task=task).fit()
     finally:
         build_task(compose_config([]))
     assert records[-1]["val_mae"] < 0.6 < records[0]["val_mae"] or records[-1]["val_mae"] < 0.4, records

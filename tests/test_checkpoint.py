@@ -11,7 +11,7 @@ from loadout.dist import DistEnv
 from loadout.errors import ConfigError
 from loadout.observe.epoch_counts import EpochCounts
 from loadout.runtime import checkpoint
-from tests.conftest import compose_config, read_metrics
+from tests.conftest import compose_config, read_metrics, trainer_for
 from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
@@ -29,7 +29,7 @@ def small_config(tiny_dataset):
 def trainer(tiny_dataset, tmp_path):
     cfg = small_config(tiny_dataset)
     data = data_from_config(cfg, DistEnv(), CPU)
-    return Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), tmp_path)
+    return trainer_for(cfg, data, tmp_path)
 
 
 def test_a_checkpoint_holds_each_stateful_part_and_the_format(trainer):
@@ -67,7 +67,7 @@ def test_resume_with_fewer_epochs_than_begun_or_another_model_fails_in_one_line(
     trainer.plan.epochs = 2
     cfg = small_config(tiny_dataset)
     cfg.model.name = "resnet34"
-    other = Trainer.from_config(cfg, DistEnv(), CPU, trainer.data, build_model(cfg.model, 10, CPU), Path(tmp_path))
+    other = trainer_for(cfg, trainer.data, Path(tmp_path), model=build_model(cfg.model, 10, CPU))
     with pytest.raises(ConfigError, match="holds another model"):
         other.resume(trainer.checkpoint_path)
 
@@ -89,11 +89,11 @@ def test_a_resumed_adamw_keeps_its_step_counters_on_the_cpu_and_its_moments_on_t
                           "trainer.max_steps=2", "trainer.progress=false", "optimizer=adamw",
                           "model._target_=tests.tiny_net.TinyNet", "logger=[]"])
     data = data_from_config(cfg, DistEnv(), CPU)
-    first = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, 10, CPU), tmp_path)
+    first = trainer_for(cfg, data, tmp_path, model=build_model(cfg.model, 10, CPU))
     first.fit()
     state = checkpoint.load(first.checkpoint_path)
     assert all(tensor.device == CPU for tensor in tensors(state))
-    resumed = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, 10, CPU), tmp_path)
+    resumed = trainer_for(cfg, data, tmp_path, model=build_model(cfg.model, 10, CPU))
     resumed.resume(first.checkpoint_path)
     adam = resumed.step.optimizer.state.values()
     assert adam and all(s["step"].device == CPU and s["step"].item() == 2 for s in adam)
@@ -109,7 +109,7 @@ def cut_short(tiny_dataset, run_dir: Path, max_steps: int | None) -> Trainer:
                           f"trainer.max_steps={max_steps or 'null'}", "trainer.progress=false",
                           "model._target_=tests.tiny_net.TinyNet", "logger=[]"])
     data = data_from_config(cfg, DistEnv(), CPU)
-    return Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, 10, CPU), run_dir)
+    return trainer_for(cfg, data, run_dir, model=build_model(cfg.model, 10, CPU))
 
 
 def test_a_mid_epoch_checkpoint_keeps_the_epochs_counts_and_one_without_them_resumes_from_zero(tiny_dataset,

@@ -15,12 +15,10 @@ from loadout.data.loader.stages import DECODE, READ, SPLIT_EVERY, StageClock
 from loadout.data.transforms import DirectCompose
 from loadout.dist import DistEnv
 from loadout.observe.doctor import STAGES
-from tests.conftest import compose_config, read_metrics
+from tests.conftest import compose_config, read_metrics, trainer_for
 from tests.tiny_net import TinyNet
 from train.augment import Recipe
 from train.job import data_from_config
-from train.loop.engine import Trainer
-from train.loop.model import build_model
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_thread_steps")  # the diagnoses compare the loader's pace to the step's
@@ -70,8 +68,7 @@ def run(tiny_dataset, tmp_path, caplog, *overrides: str) -> list[dict]:
                           "data.num_workers=1", "trainer.epochs=1", "trainer.progress=false", "logger=[]",
                           "model._target_=tests.tiny_net.TinyNet", *overrides])
     with caplog.at_level(logging.INFO, logger="loadout.observe.doctor"), data_from_config(cfg, DistEnv(), CPU) as data:
-        trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU),
-                                      tmp_path)
+        trainer = trainer_for(cfg, data, tmp_path)
         trainer.fit()
     return read_metrics(tmp_path)
 

@@ -19,13 +19,14 @@ from loadout.errors import ConfigError
 from loadout.runtime.precision import RunPrecision, cpu_flags, native_bf16, resolve
 from loadout.tune.cpu_precision import choose, measure, measured
 from loadout.tune.job_record import PRECISION_FILE, settle_once
-from tests.conftest import compose_config, read_metrics, run_cli
+from tests.conftest import compose_config, read_metrics, run_cli, trainer_for
 from train.config import validate
 from train.job import data_from_config
 from train.loop.config import Precision
 from train.loop.engine import Trainer
 from train.loop.model import build_model
 from train.loop.step import TrainStep
+from train.task import build_task
 
 CPU = torch.device("cpu")
 NATIVE = {"avx512f", "avx512_bf16"}  # a CPU with native bf16, whatever this one has
@@ -64,7 +65,7 @@ def test_a_step_fp16_skips_leaves_the_learning_rate_where_it_was(tiny_dataset):
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=4",
                           "trainer.precision=fp32", "scheduler=cosine", "model._target_=tests.tiny_net.TinyNet"])
     model = build_model(cfg.model, 10, CPU)
-    step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=10)
+    step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=10, task=build_task(cfg))
     step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     step._scale = step.scaler.get_scale()
 
@@ -191,8 +192,8 @@ def small_trainer(tiny_dataset, run_dir) -> Trainer:
                           "data.num_workers=0", "data.persistent_workers=false", "trainer.epochs=2",
                           "trainer.progress=false", "model._target_=tests.tiny_net.TinyNet"])
     data = data_from_config(cfg, DistEnv(), CPU)
-    trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU,
-                                                                         channels_last=True), run_dir)
+    trainer = trainer_for(cfg, data, run_dir,
+                          model=build_model(cfg.model, data.num_classes, CPU, channels_last=True))
     trainer.step.auto = RunPrecision("auto", CPU, flags=NATIVE)
     return trainer
 

@@ -19,10 +19,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from loadout.data.loader.stream import EpochBatchSampler
 from loadout.dist import DistEnv
 from loadout.runtime import checkpoint
-from tests.conftest import compose_config
+from tests.conftest import compose_config, trainer_for
 from train.job import data_from_config
 from train.loop.engine import Trainer
-from train.loop.model import build_model
 
 CPU = torch.device("cpu")
 
@@ -148,7 +147,7 @@ def test_checkpoint_holds_the_stateful_dataloader_state_and_resume_restores_it(t
 
     def trainer(run_dir: Path) -> Trainer:
         data = data_from_config(cfg, DistEnv(), CPU)
-        return Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), run_dir)
+        return trainer_for(cfg, data, run_dir)
 
     first = trainer(tmp_path / "a")
     first.train_epoch()  # stops after step 4 (max_steps); the checkpoint is from step 3

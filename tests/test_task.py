@@ -112,7 +112,8 @@ def test_each_task_knows_how_many_counts_it_sums():
 
 
 def test_no_validation_sample_gives_zeros_of_every_figure():
-    step = TrainStep.from_config(compose_config(["hardware=cpu"]), DistEnv(), CPU, torch.nn.Linear(3, 4), 1)
+    cfg = compose_config(["hardware=cpu"])
+    step = TrainStep.from_config(cfg, DistEnv(), CPU, torch.nn.Linear(3, 4), 1, task=build_task(cfg))
     assert evaluation(step)([Batch(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))]) == \
         {"val_loss": 0.0, "val_acc": 0.0, "val_top5": 0.0, "val_samples": 0}
 

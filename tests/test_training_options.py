@@ -8,10 +8,8 @@ import torch
 
 from loadout.data.datasets import Cifar10Dataset
 from loadout.dist import DistEnv
-from tests.conftest import compose_config, read_metrics, run_cli
+from tests.conftest import compose_config, read_metrics, run_cli, trainer_for
 from train.job import data_from_config
-from train.loop.engine import Trainer
-from train.loop.model import build_model
 
 
 def test_cifar10_reads_python_batches(cifar_root):
@@ -54,7 +52,7 @@ def test_micro_batches_short_of_an_accumulation_never_reach_the_next_epoch(tiny_
                           "trainer.epochs=2", "trainer.progress=false", "model._target_=tests.tiny_net.TinyNet"])
     cpu = torch.device("cpu")
     data = data_from_config(cfg, DistEnv(), cpu)
-    trainer = Trainer.from_config(cfg, DistEnv(), cpu, data, build_model(cfg.model, data.num_classes, cpu), tmp_path)
+    trainer = trainer_for(cfg, data, tmp_path)
     record = trainer.train_epoch()
     assert record["images"] == 15 * 16 and trainer.progress.step == 7
     assert all(p.grad is None for p in trainer.step.model.parameters())

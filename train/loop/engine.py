@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from loadout.build import instantiate
 from loadout.data.loader.autotune import Autotune
 from loadout.data.loader.batch import Batch
 from loadout.data.loader.stages import since
@@ -42,7 +41,7 @@ from train.loop.evaluate import Evaluation
 from train.loop.hooks import Autotuning, Hooks, Profiling, ProgressLines, Tracking
 from train.loop.progress import Progress, RunLength
 from train.loop.step import TrainStep
-from train.task import Task, build_task
+from train.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +92,14 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg, env: DistEnv, device: torch.device, data: DataPipeline, model: torch.nn.Module,
                     run_dir: Path, monitor: Monitor | None = None, stop: StopSignal | None = None,
-                    callbacks: Sequence = (), recipe: Recipe | None = None, task: Task | None = None) -> Trainer:
-        """The TrainStep and RunLength built from a composed config's sections, then the Trainer over them."""
+                    callbacks: Sequence = (), *, recipe: Recipe, task: Task) -> Trainer:
+        """The TrainStep and RunLength built from a composed config's sections, then the Trainer over them; the
+        parts the data path was built with (`recipe`, `task`) are handed in, never built a second time."""
         tc = cfg.trainer
         per_epoch = batches_per_epoch(len(data.train), tc.limit_batches, tc.overfit_batches)
         plan = RunLength.for_run(tc.epochs, per_epoch, tc.grad_accum_steps, env.world_size)
-        recipe = recipe or instantiate("augment", cfg.augment)
-        task = task or build_task(cfg)
-        step = TrainStep.from_config(cfg, env, device, model, plan.total_steps,
-                                     task.batch_mix(recipe, data.source, tc.seed), task=task)
+        step = TrainStep.from_config(cfg, env, device, model, plan.total_steps, task=task,
+                                     mix=task.batch_mix(recipe, data.source, tc.seed))
         name = OmegaConf.select(cfg, "model.name", default=None)
         return cls(tc, env, device, data, step, plan, run_dir, monitor, stop, callbacks,
                    model_name=f"model.name={name}" if name else f"model._target_={cfg.model._target_}",

@@ -33,7 +33,7 @@ from loadout.runtime.compiled import CompiledModel
 from loadout.runtime.micro_batch import MicroBatch, is_out_of_memory
 from loadout.runtime.nonfinite import SCALE_FLOOR, NonFiniteWatch
 from train.loop.config import TrainerConfig
-from train.task import Classification, Task, build_task
+from train.task import Classification, Task
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +97,13 @@ class TrainStep:
         self.grad_norm = torch.zeros((), device=device)  # the last optimizer step's, before clipping (not synced)
 
     @classmethod
-    def from_config(cls, cfg, env: DistEnv, device: torch.device, model: torch.nn.Module, total_steps: int,
-                    mix: BatchMixer | None = None, task: Task | None = None) -> TrainStep:
-        """Built from a composed config's trainer, optimizer, scheduler, data and task sections."""
+    def from_config(cls, cfg, env: DistEnv, device: torch.device, model: torch.nn.Module, total_steps: int, *,
+                    task: Task, mix: BatchMixer | None = None) -> TrainStep:
+        """Built from a composed config's trainer, optimizer, scheduler and data sections, for the run's `task`."""
         size = cfg.data.image_size
         return cls(cfg.trainer, env, device, model, optimizer=instantiate("optimizer", cfg.optimizer),
                    schedule=instantiate("scheduler", cfg.scheduler), batch_size=cfg.data.batch_size,
-                   total_steps=total_steps, input_shape=(3, size, size), mix=mix, task=task or build_task(cfg))
+                   total_steps=total_steps, input_shape=(3, size, size), mix=mix, task=task)
 
     @property
     def precision(self) -> str:
