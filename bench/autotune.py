@@ -24,9 +24,11 @@ from common import config, machine, report
 from peers import StepModel
 from real_photos import REAL_DATA
 
+from loadout.build import instantiate
 from loadout.dist import DistEnv, seed_everything
 from train.job import data_from_config
 from train.loop.engine import Trainer
+from train.task import build_task
 
 CPU = torch.device("cpu")
 ROUNDS, TARGET, REPEAT = 3, 0.95, 4
@@ -51,9 +53,11 @@ def linked(root: Path) -> Path:
 def epochs_images_per_s(root: Path, *overrides: str) -> list[float]:
     """images/s of each epoch of one real 3-epoch run."""
     cfg = config(*COMMON, *overrides, root=root)
-    with tempfile.TemporaryDirectory() as run_dir, data_from_config(cfg, DistEnv(), CPU) as data:
+    recipe, task = instantiate("augment", cfg.augment), build_task(cfg)
+    with tempfile.TemporaryDirectory() as run_dir, data_from_config(cfg, DistEnv(), CPU, recipe) as data:
         seed_everything(cfg.trainer.seed, DistEnv())
-        trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, StepModel(data.num_classes), Path(run_dir))
+        trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, StepModel(data.num_classes), Path(run_dir),
+                                      recipe=recipe, task=task)
         return [record["images_per_s"] for record in trainer.fit()]
 
 
