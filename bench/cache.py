@@ -12,8 +12,9 @@ def epochs() -> tuple[float, float]:
     """(epoch 1's images/s, decoding and filling the cache; the cached epochs' after it)."""
     with pipeline("data.num_workers=2", f"trainer.epochs={CACHED_EPOCHS + 1}", "data.batch_size=64",
                   f"data.cache_bytes={2**30}") as data:
-        first = images_per_s(first_epoch(data))
-        cached = images_per_s(host_batches(data, 1))
+        batches = iter(host_batches(data))
+        first = images_per_s(first_epoch(data, batches))
+        cached = images_per_s(batches)
         cache = data.samples[0].cache
         assert len(cache) == cache.capacity, "the workers' writes must be visible to every process"
     return first, cached

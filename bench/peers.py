@@ -83,9 +83,10 @@ def step_seconds(steps: int = 20) -> float:
 def pipeline_rate() -> float:
     """loadout's training stream alone, iterated as the peers are (bench/real_photos.py's way)."""
     with pipeline(*KIT, root=REAL_DATA) as data:
-        for _batch in first_epoch(data):  # the warm-up epoch
+        batches = iter(host_batches(data))
+        for _batch in first_epoch(data, batches):  # the warm-up epoch
             pass
-        return epoch_rate(batch.images for batch in host_batches(data, 1))
+        return epoch_rate(batch.images for batch in batches)  # the next epoch of the same stream
 
 
 def outcome(command: list[str], env: dict | None = None) -> tuple[str, str | None]:

@@ -83,9 +83,10 @@ def _until(batches: Iterable, stop) -> Iterator:
 def _side_by_side(case: Case, start, stop, results) -> None:
     torch.set_num_threads(1)  # as in a DataLoader worker
     with pipeline(*case.loadout(0), root=case.root) as data:
-        images_per_s(first_epoch(data))  # warm-up epoch
+        batches = iter(host_batches(data))
+        images_per_s(first_epoch(data, batches))  # warm-up epoch
         start.wait()
-        results.put(images_per_s(_until(host_batches(data, 1), stop)))
+        results.put(images_per_s(_until(batches, stop)))
         stop.set()  # the first one done ends the other's window: neither runs alone on the machine
 
 
