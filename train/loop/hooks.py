@@ -93,5 +93,4 @@ class Autotuning:
 
     def on_epoch_record(self, trainer, record: dict) -> None:
         if record["epoch_complete"] and trainer.progress.epoch < trainer.tc.epochs and not trainer.done():
-            # before the checkpoint, which keeps the choice; the pause since the training ended sizes a prefetch
-            self.autotune.after_epoch(trainer.doctor.finding, record["epoch_s"])
+            self.autotune.after_epoch(trainer.doctor.finding)  # before the checkpoint, which keeps the choice

@@ -3,21 +3,20 @@ within the first epoch of a long one.
 
 A stretch whose loop waited on the worker stages (read, decode, augment, collate) with cores free gets, in one
 change, the worker count the measured pace asks (worker time a sample / the step's time a sample), within the cores
-free and the memory left, with at least two batches in flight per worker, or as many as a worker makes in the pause
-between epochs (validation, the checkpoint: the training stream spends it making the next epoch's first batches):
-each change restarts the workers, so it goes straight to the target. With the workers at that share, a deeper
-prefetch only where the workers keep the step's pace on average and the loop still waited long (over twice WAITS:
-jitter a deeper queue absorbs, worth a restart); a loader slower than the step on average gains nothing from it. A
-compute-bound stretch, or one the loader keeps up with, changes nothing. When RAM or /dev/shm nears its limit it
-takes a worker away. The cores free are this process's share of the cores less what its main process really used over
-the stretch (its CPU seconds over the wall seconds, every thread counted; a core counts where a quarter of it is
-left), and never fewer than plan.worker_share's 3/4 of the cores: a main process that mostly waits for its workers
-leaves its core to them (on 2 cores, 2 workers rather than 1). A main process without workers loads every sample
-itself: it is judged by what it keeps once workers load them (the step, the copy), at the pace the cores then allow,
-so a decode-bound run goes straight to the cores' worth. A change is a guess from the diagnosis: the next full
-stretch on the new plan is measured, and if its samples took longer than those before the change (by SLOWER), the
-plan goes back and stays (workers that cost the main process more in hand-offs than they save it in decoding, on a
-box whose cores the step already fills).
+free and the memory left, and at least two batches in flight per worker: each change restarts
+the workers, so it goes straight to the target. With the workers at that share, a deeper prefetch only where the
+workers keep the step's pace on average and the loop still waited long (over twice WAITS: jitter a deeper queue
+absorbs, worth a restart); a loader slower than the step on average gains nothing from it. A compute-bound stretch,
+or one the loader keeps up with, changes nothing. When RAM or /dev/shm nears its limit it takes a worker away.
+The cores free are this process's share of the cores less what its main process really used over the stretch (its
+CPU seconds over the wall seconds, every thread counted; a core counts where a quarter of it is left), and never
+fewer than plan.worker_share's 3/4 of the cores:
+a main process that mostly waits for its workers leaves its core to them (on 2 cores, 2 workers rather than 1). A
+main process without workers loads every sample itself: it is judged by what it keeps once workers load them (the
+step, the copy), at the pace the cores then allow, so a decode-bound run goes straight to the cores' worth.
+A change is a guess from the diagnosis: the next full stretch on the new plan is measured, and if its samples took
+longer than those before the change (by SLOWER), the plan goes back and stays (workers that cost the main process more
+in hand-offs than they save it in decoding, on a box whose cores the step already fills).
 
 Within the first epoch this process trains, if it is long enough for a restart to pay off, the loop calls
 `during_epoch` after each batch: it measures batches WARMUP..WARMUP+WINDOW (after the start-up) and decides once, at a
@@ -101,18 +100,10 @@ def kept_cores(finding: Finding, cores: float) -> float:
     return kept / max(kept, (kept + finding.worker_s) / cores, 1e-9)
 
 
-def pause_depth(finding: Finding, batch_size: int, pause_s: float) -> int:
-    """The batches one worker makes in `pause_s` (between two epochs) at the finding's worker time a sample, at
-    least MIN_PREFETCH and at most MAX_PREFETCH: a prefetch that deep ends the pause with them all made."""
-    made = math.ceil(pause_s / max(finding.worker_s * batch_size, 1e-9))
-    return min(max(made, MIN_PREFETCH), MAX_PREFETCH)
-
-
 def decide(finding: Finding | None, plan: LoaderPlan, cap: int, pressure: str | None,
-           extra_bytes: int, pause_s: float = 0.0) -> Change | None:
+           extra_bytes: int) -> Change | None:
     """The next plan's workers and prefetch, or None to keep `plan`. `cap`: the most workers the cores allow;
-    `pressure`: memory near its limit; `extra_bytes`: RAM one more worker costs; `pause_s`: the pause between
-    epochs (0 within the first one)."""
+    `pressure`: memory near its limit; `extra_bytes`: RAM one more worker costs."""
     workers, prefetch = plan.num_workers, plan.prefetch_factor
     if pressure is not None:
         return Change(workers - 1, prefetch, f"memory near its limit: {pressure}") if workers > 0 else None
@@ -122,14 +113,11 @@ def decide(finding: Finding | None, plan: LoaderPlan, cap: int, pressure: str | 
     if workers < cap:
         wanted = min(cap, max(workers + 1, asked))
         wanted = min(wanted, workers + max(psutil.virtual_memory().available // max(extra_bytes, 1) - 1, 0))
-        free = cap - workers
-        why = f"{finding.bound}-bound, {'a core' if free == 1 else f'{free} cores'} free"
-        shallow = max(prefetch, MIN_PREFETCH)
-        for depth in dict.fromkeys((max(shallow, pause_depth(finding, plan.batch_size, pause_s)), shallow)):
-            grown = replace(plan, num_workers=wanted, prefetch_factor=depth)
-            if wanted > workers and check_shm(grown.shm_bytes - plan.shm_bytes) is None:
-                return Change(wanted, depth, why if depth == shallow else
-                              f"{why}; {depth} batches each fill the {pause_s:.1f} s between epochs")
+        grown = replace(plan, num_workers=wanted, prefetch_factor=max(prefetch, MIN_PREFETCH))
+        if wanted > workers and check_shm(grown.shm_bytes - plan.shm_bytes) is None:
+            free = cap - workers
+            return Change(wanted, grown.prefetch_factor,
+                          f"{finding.bound}-bound, {'a core' if free == 1 else f'{free} cores'} free")
         return None
     if workers > 0 and asked <= workers and prefetch < MAX_PREFETCH and finding.wait_frac > 2 * WAITS:
         deeper = min(2 * prefetch, MAX_PREFETCH)
@@ -178,13 +166,10 @@ class Autotune:
         """Where the main process's CPU use over the epoch is counted from."""
         self._epoch_mark = Mark(None, 0.0, 0, time.perf_counter(), time.process_time())
 
-    def after_epoch(self, finding: Finding | None, epoch_s: float | None = None) -> Change | None:
-        """Collective under DDP: every rank calls it after the same epoch (`epoch_s`: its training time, the
-        validation after it not counted) and applies the same change."""
+    def after_epoch(self, finding: Finding | None) -> Change | None:
+        """Collective under DDP: every rank calls it after the same epoch and applies the same change."""
         self._within_done = True
-        mark = self._epoch_mark
-        pause_s = time.perf_counter() - mark.at - epoch_s if mark is not None and epoch_s is not None else 0.0
-        used, self._epoch_mark = main_cores(mark), None
+        used, self._epoch_mark = main_cores(self._epoch_mark), None
         if self._changed_within:
             self._changed_within = False
             return None
@@ -198,7 +183,7 @@ class Autotune:
                        if slower else "another rank measured the change slower: undone")
                 self.apply(workers, prefetch, why)
                 return Change(workers, prefetch, why)
-        return self._agree(finding, used, max(pause_s, 0.0))
+        return self._agree(finding, used)
 
     def during_epoch(self, batch_in_epoch: int, per_epoch: int, meter, doctor: Doctor) -> Change | None:
         """After each training batch of an epoch (`meter`: its EpochMeter): in the first epoch this process trains,
@@ -234,14 +219,14 @@ class Autotune:
         return Mark(clocks.snapshot() if clocks is not None else None, meter.data_wait_s, meter.images,
                     time.perf_counter(), time.process_time())
 
-    def _agree(self, finding: Finding | None, used: float | None, pause_s: float = 0.0) -> Change | None:
-        """This rank's choice from `finding` (`used`: the cores its main process used meanwhile; `pause_s`: the
-        pause between epochs), the smallest over the ranks (one all-reduce each), applied."""
+    def _agree(self, finding: Finding | None, used: float | None) -> Change | None:
+        """This rank's choice from `finding` (`used`: the cores its main process used meanwhile), the smallest over
+        the ranks (one all-reduce each), applied."""
         plan, pressure = self.data.plan, memory_pressure()
         main = used if plan.num_workers else (  # loading every sample itself: what it keeps once workers load them
             kept_cores(finding, self.cores) if finding is not None else None)
         cap = cores_free(self.cap, self.cores, main)
-        change = decide(None if self.settled else finding, plan, cap, pressure, worker_bytes(self.sampler), pause_s)
+        change = decide(None if self.settled else finding, plan, cap, pressure, worker_bytes(self.sampler))
         workers, prefetch = (change.num_workers, change.prefetch_factor) if change else \
             (plan.num_workers, plan.prefetch_factor)
         workers, prefetch = -any_rank(-workers), -any_rank(-prefetch)  # the smallest over the ranks
