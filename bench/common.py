@@ -8,6 +8,7 @@ slows both sides alike.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -19,10 +20,11 @@ from loadout.data.loader.batch import Batch
 from loadout.data.pipeline import DataPipeline
 from loadout.dist import DistEnv
 from loadout.observe.meter import EpochMeter
-from train.config import register
-from train.job import data_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the template (train/) from this checkout: the installed package is loadout alone
+from train.config import register  # noqa: E402
+from train.job import data_from_config  # noqa: E402
 
 DATA = Path(os.environ.get("DATA", ROOT / "data" / "synthetic"))  # the embedded set: 80 px JPEGs
 # ImageNet-sized JPEGs for Resize 256 -> RandomCrop 224 (the GPU profiles' sizes): `make bench` makes it

@@ -20,12 +20,11 @@ from loadout.data.loader.plan import LoaderPlan
 from loadout.dist import DistEnv, seed_everything
 from loadout.observe.doctor import Finding
 from loadout.runtime import checkpoint
-from tests.conftest import compose_config, read_metrics
+from tests.conftest import compose_config, read_metrics, trainer_for
 from tests.sample_log import SampleLog
 from tests.tiny_net import TinyNet
 from train.job import data_from_config
 from train.loop.engine import Trainer
-from train.loop.model import build_model
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_thread_steps")  # the decisions compare the loader's pace to the step's
@@ -57,8 +56,7 @@ def trainer(tiny_dataset, run_dir, *overrides: str) -> tuple[Trainer, object]:
                           "dataset._target_=tests.test_autotune.SlowDecode", *overrides])
     data = data_from_config(cfg, DistEnv(), CPU)
     seed_everything(cfg.trainer.seed, DistEnv())  # the same initial weights in every run
-    return Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), run_dir,
-                               callbacks=[SampleLog()]), data
+    return trainer_for(cfg, data, run_dir, callbacks=[SampleLog()]), data
 
 
 def fit(tiny_dataset, run_dir, caplog, *overrides: str) -> tuple[list[str], list[dict]]:
