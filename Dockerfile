@@ -62,7 +62,8 @@ RUN TORCH_FROM_BASE=${TORCH_FROM_BASE} python3 base_lock.py constraints.txt /tmp
  && rm /tmp/constraints.txt /tmp/decode.txt base_lock.py check_torch.py
 
 # The source: the library (loadout/, installed) and the template (train/, not installed: the wheel holds the library
-# only). `python -m train` runs from /app, so the template and the configs in /app/conf are the ones used.
+# only). `python -m train` runs from /app, so the template and the configs in /app/conf are the ones used; PYTHONPATH
+# finds the template from any other folder too (a notebook's kernel in /app/outputs, `docker run -w`).
 # README* (pyproject's readme) may not exist yet; pyproject.toml keeps the pattern from matching nothing.
 COPY pyproject.toml requirements.txt README* ./
 COPY conf/ conf/
@@ -72,6 +73,7 @@ RUN python3 -m pip install --no-cache-dir --no-deps . \
  && rm -rf build ./*.egg-info \
  && mkdir -p /app/data /app/outputs \
  && chown "${UID}:${GID}" /app/outputs
+ENV PYTHONPATH="/app${PYTHONPATH:+:${PYTHONPATH}}"
 
 # Mount the dataset read-only at /app/data and a host folder owned by UID:GID at /app/outputs, where Hydra
 # writes the run directories (outputs/<date>/<time>/): docker-compose.yml does both.

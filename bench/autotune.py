@@ -56,7 +56,7 @@ def epochs_images_per_s(root: Path, *overrides: str) -> list[float]:
     """images/s of each epoch of one real 3-epoch run."""
     cfg = config(*COMMON, *overrides, root=root)
     recipe, task = instantiate("augment", cfg.augment), build_task(cfg)
-    with tempfile.TemporaryDirectory() as run_dir, data_from_config(cfg, DistEnv(), CPU, recipe) as data:
+    with tempfile.TemporaryDirectory() as run_dir, data_from_config(cfg, DistEnv(), CPU, recipe, task=task) as data:
         seed_everything(cfg.trainer.seed, DistEnv())
         trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, StepModel(data.num_classes), Path(run_dir),
                                       recipe=recipe, task=task)

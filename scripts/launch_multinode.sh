@@ -65,5 +65,8 @@ if [[ -n "${RDZV_CONF:-}" ]]; then
   args+=(--rdzv-conf="$RDZV_CONF")
 fi
 
+# `-m train`: the template of the checkout this script sits in, whatever folder it runs from (it is not installed)
+PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH
 # shellcheck disable=SC2086  # TORCHRUN may hold a command with arguments
 exec ${TORCHRUN:-torchrun} "${args[@]}" -m train "$@"

@@ -73,9 +73,10 @@ def compose_config(overrides: list[str] | None = None):
         return compose(config_name="config", overrides=overrides or [])
 
 
-def trainer_for(cfg, data, run_dir: Path, model=None, **parts):
-    """`Trainer.from_config` on the CPU with its parts built as train/job.py builds them: the task and the augment
-    recipe, and the config's model for `data`'s classes unless `model` is given; `parts`: its other keywords."""
+def trainer_for(cfg, data, run_dir: Path, model=None, device=None, **parts):
+    """`Trainer.from_config` on `device` (the CPU unless given) with its parts built as train/job.py builds them: the
+    task and the augment recipe, and the config's model for `data`'s classes unless `model` is given; `parts`: its
+    other keywords."""
     import torch
 
     from loadout.build import instantiate
@@ -84,13 +85,13 @@ def trainer_for(cfg, data, run_dir: Path, model=None, **parts):
     from train.loop.model import build_model
     from train.task import build_task
 
-    cpu = torch.device("cpu")
-    model = build_model(cfg.model, data.num_classes, cpu) if model is None else model
+    device = torch.device("cpu") if device is None else device
+    model = build_model(cfg.model, data.num_classes, device) if model is None else model
     if "task" not in parts:
         parts["task"] = build_task(cfg)
     if "recipe" not in parts:
         parts["recipe"] = instantiate("augment", cfg.augment)
-    return Trainer.from_config(cfg, DistEnv(), cpu, data, model, run_dir, **parts)
+    return Trainer.from_config(cfg, DistEnv(), device, data, model, run_dir, **parts)
 
 
 def run_cli(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,

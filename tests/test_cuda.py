@@ -19,10 +19,11 @@ from loadout.data.loader.prefetcher import DevicePrefetcher
 from loadout.dist import DistEnv
 from loadout.observe.memory import MemorySampler, gpu_utilization
 from loadout.observe.meter import EpochMeter
-from tests.conftest import compose_config
+from tests.conftest import compose_config, trainer_for
 from train.job import data_from_config
 from train.loop.engine import Trainer
 from train.loop.model import build_model
+from train.task import build_task
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here (make gpu-check on a GPU)")]
@@ -87,7 +88,7 @@ def trainer(root: Path, tmp_path: Path, *extra: str) -> Trainer:
     cfg = config(root, "trainer.device=cuda", "logger=[]", *extra)
     data = data_from_config(cfg, DistEnv(), CUDA)
     model = build_model(cfg.model, data.num_classes, CUDA, channels_last=cfg.trainer.channels_last)
-    return Trainer.from_config(cfg, DistEnv(), CUDA, data, model, tmp_path)
+    return trainer_for(cfg, data, tmp_path, model=model, device=CUDA)
 
 
 def test_a_training_step_never_syncs_the_host(tiny_dataset, tmp_path):
@@ -164,7 +165,7 @@ def test_running_out_of_gpu_memory_halves_the_micro_batch_and_trains_the_same_ba
     model = build_model(cfg.model, 10, CUDA, channels_last=True)
     from train.loop.step import TrainStep
 
-    step = TrainStep.from_config(cfg, DistEnv(), CUDA, model, total_steps=10)
+    step = TrainStep.from_config(cfg, DistEnv(), CUDA, model, total_steps=10, task=build_task(cfg))
     batch = Batch(torch.randn(256, 3, 224, 224, device=CUDA).contiguous(memory_format=torch.channels_last),
                   torch.randint(0, 10, (256,), device=CUDA))
     total = torch.cuda.get_device_properties(CUDA).total_memory

@@ -24,10 +24,17 @@ import torch
 from loadout.dist import DistEnv
 from loadout.runtime import checkpoint
 from scripts.make_dataset import make_synthetic_imagefolder
-from tests.conftest import RECORD_SAMPLES, ROOT, compose_config, free_port, read_metrics, training_at, wait_for
+from tests.conftest import (
+    RECORD_SAMPLES,
+    ROOT,
+    compose_config,
+    free_port,
+    read_metrics,
+    trainer_for,
+    training_at,
+    wait_for,
+)
 from train.job import data_from_config
-from train.loop.engine import Trainer
-from train.loop.model import build_model
 
 TRAIN, VAL = 240, 79  # per rank 120 = 6 batches of 20; 79 val images split 40/39, no padding
 EPOCHS, STEPS_PER_EPOCH = 2, 6
@@ -223,8 +230,7 @@ def test_validation_under_ddp_uses_the_batchnorm_statistics_that_are_saved(dist_
     reported = read_metrics(run_dir)[-1]
     cfg = compose_config(args)
     data = data_from_config(cfg, DistEnv(), torch.device("cpu"))
-    alone = Trainer.from_config(cfg, DistEnv(), torch.device("cpu"), data,
-                                build_model(cfg.model, data.num_classes, torch.device("cpu")), tmp_path)
+    alone = trainer_for(cfg, data, tmp_path)
     record = alone.validate(checkpoint.checkpoint_dir(run_dir) / checkpoint.BEST)
     assert record["val_samples"] == reported["val_samples"] == VAL
     assert record["val_acc"] == reported["val_acc"]

@@ -10,11 +10,9 @@ import pytest
 import torch
 
 from loadout.dist import DistEnv
-from tests.conftest import compose_config, read_metrics
+from tests.conftest import compose_config, read_metrics, trainer_for
 from tests.test_shards import nginx_serving, start_proxy
 from train.job import data_from_config
-from train.loop.engine import Trainer
-from train.loop.model import build_model
 
 CPU = torch.device("cpu")
 DELAY_MS = 200  # a store this far away: each shard's download waits at least this long
@@ -42,8 +40,7 @@ def test_a_far_store_with_nothing_fetched_ahead_is_named_read_bound_with_fetch_a
                           f"dataset.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1", "trainer.progress=false",
                           "logger=[]", "model._target_=tests.tiny_net.TinyNet"])
     with caplog.at_level(logging.INFO, logger="loadout.observe.doctor"), data_from_config(cfg, DistEnv(), CPU) as data:
-        trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU),
-                                      tmp_path / "run")
+        trainer = trainer_for(cfg, data, tmp_path / "run")
         trainer.fit()
     record = read_metrics(tmp_path / "run")[-1]
     line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("doctor: ")][-1]

@@ -14,10 +14,9 @@ import torch
 from loadout.build import instantiate
 from loadout.dist import DistEnv, seed_everything
 from loadout.runtime.stop import Stopped, StopSignal
-from tests.conftest import compose_config, read_metrics
+from tests.conftest import compose_config, read_metrics, trainer_for
 from train.job import data_from_config
 from train.loop.engine import Trainer
-from train.loop.model import build_model
 
 CPU = torch.device("cpu")
 
@@ -42,7 +41,7 @@ def test_the_logged_lr_is_the_one_the_last_step_of_the_epoch_used(tiny_dataset, 
                           "trainer.progress=false", "scheduler=onecycle", "model._target_=tests.tiny_net.TinyNet",
                           "logger=[]"])
     data = data_from_config(cfg, DistEnv(), CPU)
-    trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), tmp_path)
+    trainer = trainer_for(cfg, data, tmp_path)
     trainer.fit()
     per_epoch, total = trainer.plan.total_steps // 2, trainer.plan.total_steps
     lrs = used_lrs(cfg, total)
@@ -74,8 +73,7 @@ def two_epochs(root: Path, run_dir: Path, resume: Path | None = None, callbacks=
                           "trainer.progress=false", "model._target_=tests.tiny_net.TinyNet", "logger=[]"])
     seed_everything(cfg.trainer.seed, DistEnv())  # the same initial weights in every run
     data = data_from_config(cfg, DistEnv(), CPU)
-    trainer = Trainer.from_config(cfg, DistEnv(), CPU, data, build_model(cfg.model, data.num_classes, CPU), run_dir,
-                                  stop=stop, callbacks=callbacks)
+    trainer = trainer_for(cfg, data, run_dir, stop=stop, callbacks=callbacks)
     if resume is not None:
         trainer.resume(resume)
     return trainer

@@ -21,6 +21,7 @@ from tests.test_distributed import only_run_dir, torchrun
 from train.augment import BatchMix
 from train.loop.model import build_model
 from train.loop.step import TrainStep
+from train.task import build_task
 
 CPU = torch.device("cpu")
 OOM_CALLBACK = "+callbacks.oom._target_=tests.out_of_memory.OutOfMemoryAt"
@@ -135,7 +136,7 @@ def test_micro_batches_give_the_whole_batch_gradient(tiny_dataset):
         torch.manual_seed(0)
         model = build_model(cfg.model, 10, CPU).eval()  # eval: BatchNorm's batch statistics aside
         cfg.trainer.micro_batch_size = size
-        step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=1)
+        step = TrainStep.from_config(cfg, DistEnv(), CPU, model, total_steps=1, task=build_task(cfg))
         step.optimizer.step = lambda *a, **k: None  # keep the gradients to compare: no update
         step.optimizer.zero_grad = lambda *a, **k: None
         from loadout.data.loader.batch import Batch
@@ -150,7 +151,8 @@ def test_micro_batches_give_the_whole_batch_gradient(tiny_dataset):
 def test_a_scaler_state_from_any_precision_resumes(tiny_dataset, caplog):
     caplog.set_level(logging.INFO)
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "model.name=resnet18"])
-    step = TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU), total_steps=1)
+    step = TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU), total_steps=1,
+                                 task=build_task(cfg))
     fp16_state = torch.amp.GradScaler("cpu", init_scale=1024.0).state_dict()
     step.load_scaler(fp16_state)  # an fp16 run's scaler into this run's disabled one
     assert "does not apply here (it was written by an fp16 run)" in caplog.text

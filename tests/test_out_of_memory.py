@@ -16,6 +16,7 @@ from tests.conftest import compose_config, run_cli
 from tests.tiny_net import CUDNN_ALLOC_FAILED
 from train.loop.model import build_model
 from train.loop.step import TrainStep
+from train.task import build_task
 
 CPU = torch.device("cpu")
 FAILING_MODEL = "model._target_=tests.tiny_net.AllocFailingNet"
@@ -45,7 +46,8 @@ def bn_step(micro_batch_size, batch_size: int = 16) -> TrainStep:
     cfg = compose_config(["hardware=cpu", "data.image_size=32", f"data.batch_size={batch_size}",
                           "trainer.precision=fp32", f"trainer.micro_batch_size={micro_batch_size}",
                           "model._target_=tests.tiny_net.TinyNet"])  # BatchNorm: no slice of one sample
-    return TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU), total_steps=4)
+    return TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU), total_steps=4,
+                                 task=build_task(cfg))
 
 
 def test_a_model_with_batch_norm_never_trains_on_a_one_sample_slice():
@@ -61,8 +63,9 @@ def test_a_model_with_batch_norm_never_trains_on_a_one_sample_slice():
     assert sizes == [8, 4, 2]  # halving stops at 2
     auto.micro_batch.load_state_dict({"size": 1})  # a checkpoint from before the floor
     assert auto.micro_batch.size == 2 and bn_step(1).micro_batch.size == 2
-    plain = TrainStep.from_config(compose_config(["hardware=cpu", "trainer.micro_batch_size=auto"]), DistEnv(), CPU,
-                                  torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(10)), total_steps=4)
+    cfg = compose_config(["hardware=cpu", "trainer.micro_batch_size=auto"])
+    plain = TrainStep.from_config(cfg, DistEnv(), CPU, torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(10)),
+                                  total_steps=4, task=build_task(cfg))
     assert plain.micro_batch.smallest == 1
 
 
@@ -129,7 +132,8 @@ def test_a_smaller_micro_batch_compiles_afresh_instead_of_running_past_dynamos_r
     cfg = compose_config(["hardware=cpu", f"data.root={tiny_dataset}", "data.image_size=32", "data.batch_size=16",
                           "trainer.precision=fp32", "trainer.compile=true", "trainer.micro_batch_size=auto",
                           "model._target_=tests.tiny_net.TinyNet"])
-    step = TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU), total_steps=4)
+    step = TrainStep.from_config(cfg, DistEnv(), CPU, build_model(cfg.model, 10, CPU), total_steps=4,
+                                 task=build_task(cfg))
     batch = Batch(torch.randn(16, 3, 32, 32), torch.arange(16) % 10)
     torch.compiler.reset()
     try:

@@ -209,15 +209,16 @@ def continue_command(run_dir: Path) -> str:
     return f"{launcher} trainer.resume=auto hydra.run.dir={shown_path(run_dir)}"
 
 
-def data_from_config(cfg, env: DistEnv, device, recipe=None, typed_workers: bool = True):
-    """`build_data` with every part built from a composed config (tests, benchmarks)."""
+def data_from_config(cfg, env: DistEnv, device, recipe=None, typed_workers: bool = True, task=None):
+    """`build_data` with every part built from a composed config (tests, benchmarks) but the `recipe` and `task`
+    given, which a Trainer over the data is then handed too."""
     from loadout.build import instantiate
     from loadout.data.loader.plan import LoaderPlan
     from loadout.data.pipeline import build_data, build_sources
     from train.task import build_task
 
     recipe = recipe or instantiate("augment", cfg.augment)
-    task = build_task(cfg)
+    task = task or build_task(cfg)
     plan = LoaderPlan.from_config(cfg.data, env, device, typed_workers).for_task(task)
     return build_data(cfg.data, build_sources(cfg.dataset, cfg.data, task), recipe, plan, env, device,
                       seed=cfg.trainer.seed, epochs=cfg.trainer.epochs, channels_last=cfg.trainer.channels_last)
