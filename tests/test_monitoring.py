@@ -252,10 +252,11 @@ class LiveRun:
 
 
 def start_prometheus(tmp: Path, target_port: int) -> tuple[subprocess.Popen, int]:
-    """The repo's prometheus.yml with its targets pointed at the local trainer, scraped every 100 ms: a rate needs at
-    least two samples."""
+    """The repo's prometheus.yml with its targets pointed at the local trainer, scraped every second (a scrape's
+    timeout is its interval: a trainer on a loaded machine answered later than 100 ms, every time, and no scrape of a
+    9-epoch run had data); a rate needs two samples, and the live run goes on until they exist."""
     conf = yaml.safe_load(PROMETHEUS_YML.read_text())
-    conf["global"]["scrape_interval"] = "100ms"
+    conf["global"]["scrape_interval"] = "1s"
     conf["scrape_configs"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{target_port}"]}]
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(conf))
     port = free_port()
